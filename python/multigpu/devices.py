@@ -1,0 +1,322 @@
+"""Device discovery, simulated devices and the one resolver of device arguments.
+
+Every public function that takes a device argument (`gpus=` of
+`multi_gpu_model`, `devices=` of the strategies) resolves it here, so the same
+value means the same devices everywhere.
+"""
+
+import re
+import warnings
+
+import tensorflow as tf
+
+_DEVICE_NAME = re.compile(
+    r"^(?:/job:localhost)?(?:/replica:0)?(?:/task:0)?"
+    r"/?(?:device:)?(?P<type>cpu|gpu|tpu):(?P<index>\d+)$",
+    re.IGNORECASE,
+)
+_EXPECTED = (
+    "expected None (every GPU, or every logical CPU device when there is no "
+    "GPU), an int >= 2 (that many devices), a list of >= 2 distinct GPU ids "
+    "such as [0, 1], or a list of >= 2 distinct device names such as "
+    "['/gpu:0', '/gpu:1'] or ['/cpu:0', '/cpu:1']"
+)
+_warned = set()
+
+
+def _logical_devices(device_type):
+    """Names of TensorFlow's logical devices of one type (initialises TF)."""
+    return [d.name for d in tf.config.list_logical_devices(device_type)]
+
+
+def _warn_once(key, message):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def available_devices():
+    """Lists the logical devices TensorFlow can place work on.
+
+    Returns:
+        A dict with keys `"GPU"` and `"CPU"`, each a list of canonical device
+        names such as `"/device:GPU:0"`.
+
+    Example:
+    >>> multigpu.available_devices()
+    {'GPU': [], 'CPU': ['/device:CPU:0', '/device:CPU:1']}
+    """
+    return {kind: _logical_devices(kind) for kind in ("GPU", "CPU")}
+
+
+def describe_machine(devices=None):
+    """One line saying which devices this machine has, for error messages."""
+    devices = devices or available_devices()
+    gpus = ", ".join(devices["GPU"]) or "none"
+    cpus = ", ".join(devices["CPU"]) or "none"
+    return f"This machine has GPUs: {gpus}; CPU devices: {cpus}."
+
+
+def canonical_device_name(name):
+    """Normalises a device name such as `"/gpu:1"` to `"/device:GPU:1"`.
+
+    Args:
+        name: A device name in any spelling TensorFlow accepts for a local
+            device: `"/gpu:1"`, `"gpu:1"`, `"/device:CPU:3"` or
+            `"/job:localhost/replica:0/task:0/device:GPU:0"`.
+
+    Returns:
+        The canonical name, `"/device:TYPE:INDEX"`.
+
+    Raises:
+        ValueError: if `name` is not a local device name.
+    """
+    match = _DEVICE_NAME.match(name.strip()) if isinstance(name, str) else None
+    if match is None:
+        raise ValueError(
+            f"Device name {name!r} is not a local device name; expected a name "
+            "such as '/gpu:0', '/cpu:1' or '/device:GPU:2'."
+        )
+    return f"/device:{match['type'].upper()}:{int(match['index'])}"
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0
+        and value.dtype.kind in "iu"
+    )
+
+
+def _invalid(gpus, problem, machine, fix=""):
+    fix = f" {fix}" if fix else ""
+    return ValueError(
+        f"Invalid `gpus`/`devices` argument: received {gpus!r}. {problem} "
+        f"{_EXPECTED[0].upper()}{_EXPECTED[1:]}. {describe_machine(machine)}"
+        f"{fix}"
+    )
+
+
+def _default_devices(machine):
+    if machine["GPU"]:
+        chosen = machine["GPU"]
+    elif len(machine["CPU"]) >= 2:
+        chosen = machine["CPU"]
+        _warn_once(
+            "cpu-fallback",
+            f"No GPU found: using the {len(chosen)} logical CPU devices "
+            f"{chosen} as replicas.",
+        )
+    else:
+        chosen = machine["CPU"][:1]
+    if len(chosen) == 1:
+        _warn_once(
+            f"single-{chosen[0]}",
+            f"Only one device ({chosen[0]}) is available: the model runs on it "
+            "without data parallelism. Call multigpu.virtual_devices(n) at "
+            "start-up to simulate n devices.",
+        )
+    return list(chosen)
+
+
+def _devices_by_count(count, gpus, machine):
+    if count < 2:
+        raise _invalid(
+            gpus, f"A device count must be >= 2, not {count}.", machine,
+            "For a single device use the model itself, or gpus=None to "
+            "run on whatever is available.",
+        )
+    pool = machine["GPU"] or machine["CPU"]
+    if count > len(pool):
+        kind = "GPU" if machine["GPU"] else "logical CPU device"
+        raise _invalid(
+            gpus, f"{count} devices were asked for but only {len(pool)} "
+            f"{kind}(s) exist.", machine,
+            "Ask for fewer, or call multigpu.virtual_devices(n) before "
+            "TensorFlow starts to simulate more CPU devices.",
+        )
+    if not machine["GPU"]:
+        _warn_once(
+            "cpu-fallback",
+            f"No GPU found: using {count} logical CPU devices as replicas.",
+        )
+    return pool[:count]
+
+
+def _devices_by_ids(ids, gpus, machine):
+    gpu_names = machine["GPU"]
+    if not gpu_names:
+        raise _invalid(
+            gpus, "GPU ids were given but this machine has no GPU.", machine,
+            "Use a count (gpus=2) or CPU device names "
+            "(gpus=['/cpu:0', '/cpu:1']) instead.",
+        )
+    bad = [i for i in ids if not 0 <= int(i) < len(gpu_names)]
+    if bad:
+        raise _invalid(
+            gpus, f"GPU id(s) {bad} are out of range 0..{len(gpu_names) - 1}.",
+            machine,
+        )
+    return [gpu_names[int(i)] for i in ids]
+
+
+def _devices_by_names(names, gpus, machine):
+    try:
+        canonical = [canonical_device_name(n) for n in names]
+    except ValueError as error:
+        raise _invalid(gpus, str(error), machine) from None
+    known = set(machine["GPU"]) | set(machine["CPU"])
+    unknown = [n for n, c in zip(names, canonical) if c not in known]
+    if unknown:
+        raise _invalid(gpus, f"Unknown device(s) {unknown}.", machine)
+    return canonical
+
+
+def resolve_devices(gpus=None):
+    """Resolves a `gpus`/`devices` argument to canonical device names.
+
+    This is the single resolver behind `multi_gpu_model(gpus=...)`,
+    `mirrored_strategy(devices=...)` and `model_parallel(devices=...)`.
+
+    Args:
+        gpus: `None` for every GPU (on a machine without GPUs: every logical
+            CPU device, with a one-time warning; on a single-device machine:
+            that device, with a warning); an int >= 2 for that many devices;
+            a list of >= 2 GPU ids; or a list of >= 2 device names such as
+            `["/gpu:0", "/cpu:1"]`.
+
+    Returns:
+        A list of canonical device names such as `["/device:GPU:0", ...]`.
+
+    Raises:
+        ValueError: if `gpus` is not one of the above or names devices that
+            this machine does not have. The message names the value
+            received, what is expected and what this machine has.
+
+    Example:
+    >>> multigpu.resolve_devices(2)
+    ['/device:CPU:0', '/device:CPU:1']
+    """
+    machine = available_devices()
+    if gpus is None:
+        return _default_devices(machine)
+    if _is_int(gpus):
+        return _devices_by_count(int(gpus), gpus, machine)
+    if isinstance(gpus, str):
+        raise _invalid(
+            gpus, "A single device name is not a device set.", machine,
+            f"Pass a list of names, e.g. [{gpus!r}, ...].",
+        )
+    if not isinstance(gpus, (list, tuple)):
+        raise _invalid(
+            gpus, f"A value of type {type(gpus).__name__} is not accepted.",
+            machine,
+        )
+    if len(gpus) < 2:
+        raise _invalid(
+            gpus, f"A device list needs at least 2 entries, not {len(gpus)}.",
+            machine, "For a single device use the model itself.",
+        )
+    if all(_is_int(g) for g in gpus):
+        devices = _devices_by_ids(gpus, gpus, machine)
+    elif all(isinstance(g, str) for g in gpus):
+        devices = _devices_by_names(gpus, gpus, machine)
+    else:
+        junk = [g for g in gpus if not (_is_int(g) or isinstance(g, str))]
+        problem = (
+            f"Entries {junk} are neither GPU ids nor device names."
+            if junk else "The list mixes GPU ids and device names."
+        )
+        raise _invalid(
+            gpus, f"{problem} Entries must be all ints (GPU ids) or all "
+            "device-name strings.", machine,
+        )
+    duplicates = sorted({d for d in devices if devices.count(d) > 1})
+    if duplicates:
+        raise _invalid(
+            gpus, f"Device(s) {duplicates} appear more than once.", machine,
+        )
+    return devices
+
+
+def virtual_devices(n, device_type="CPU", memory_limit=None):
+    """Splits the first physical device of a type into `n` logical devices.
+
+    Must run before TensorFlow initialises its devices (before the first op,
+    model or `list_logical_devices` call). Calling it again with the same `n`
+    is harmless.
+
+    Args:
+        n: Number of logical devices, an int >= 1.
+        device_type: `"CPU"` or `"GPU"`.
+        memory_limit: For `"GPU"`, the memory of each logical GPU in MiB
+            (required). Not accepted for `"CPU"`.
+
+    Returns:
+        The names of the logical devices carved out of that physical device,
+        e.g. `["/device:CPU:0", "/device:CPU:1"]`.
+
+    Raises:
+        ValueError: for an invalid `n`, `device_type` or `memory_limit`, or
+            when this machine has no device of that type.
+        RuntimeError: when TensorFlow already initialised its devices with a
+            different layout; the message says how to fix it.
+
+    Example:
+    >>> import multigpu
+    >>> multigpu.virtual_devices(4)   # first thing in the program
+    ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+    """
+    if not _is_int(n) or int(n) < 1:
+        raise ValueError(
+            f"Invalid `n`: received {n!r}; expected an int >= 1 (the number "
+            "of logical devices to create)."
+        )
+    n = int(n)
+    if not isinstance(device_type, str) or device_type.upper() not in (
+        "CPU", "GPU"
+    ):
+        raise ValueError(
+            f"Invalid `device_type`: received {device_type!r}; expected "
+            "'CPU' or 'GPU'."
+        )
+    device_type = device_type.upper()
+    if device_type == "CPU" and memory_limit is not None:
+        raise ValueError(
+            f"Invalid `memory_limit`: received {memory_limit!r} for CPU "
+            "devices; memory_limit applies to GPUs only, leave it None."
+        )
+    if device_type == "GPU" and (
+        not _is_int(memory_limit) or int(memory_limit) <= 0
+    ):
+        raise ValueError(
+            f"Invalid `memory_limit`: received {memory_limit!r}; splitting a "
+            "GPU needs the memory of each logical GPU in MiB, e.g. "
+            "memory_limit=4096."
+        )
+    physical = tf.config.list_physical_devices(device_type)
+    if not physical:
+        raise ValueError(
+            f"Invalid `device_type`: received {device_type!r} but this "
+            f"machine has no physical {device_type}."
+        )
+    limit = None if memory_limit is None else int(memory_limit)
+    configs = [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * n
+    names = [f"/device:{device_type}:{i}" for i in range(n)]
+    current = tf.config.get_logical_device_configuration(physical[0]) or []
+    if len(current) == n and all(c.memory_limit == limit for c in current):
+        return names
+    try:
+        tf.config.set_logical_device_configuration(physical[0], configs)
+    except RuntimeError:
+        have = len(current) or 1
+        raise RuntimeError(
+            f"virtual_devices({n}) came too late: TensorFlow already "
+            f"initialised its devices, with {have} logical {device_type} "
+            f"device(s) on {physical[0].name}. Logical devices can only be "
+            "configured before TensorFlow starts: call "
+            "multigpu.virtual_devices() first thing in the program (before "
+            "building a model or running any op); in R, call "
+            "virtual_devices() right after library(multigpu), or restart the "
+            "R session."
+        ) from None
+    return names

@@ -1,0 +1,337 @@
+"""`multi_gpu_model`: replica-slicing data parallelism for Keras 3.
+
+Each batch is cut into one contiguous sub-batch per device, the template
+model runs once per device on its sub-batch, and the outputs are concatenated
+along the batch axis. The replicas are calls of the template itself, so they
+share its weights: training the parallel model trains the template.
+"""
+
+import warnings
+
+import keras
+import tensorflow as tf
+
+from multigpu import devices as devices_lib
+
+HOST_DEVICE = "/device:CPU:0"
+
+
+def split_bounds(batch_size, num_replicas):
+    """Row boundaries of the sub-batches: `num_replicas + 1` offsets.
+
+    Sub-batch `i` is rows `bounds[i]:bounds[i + 1]`. Sizes differ by at most
+    one row, larger ones last, and no row is lost; with fewer rows than
+    replicas the first replicas get empty sub-batches. Works on Python ints
+    and on scalar tensors.
+
+    Example:
+    >>> split_bounds(10, 4)
+    [0, 2, 5, 7, 10]
+    """
+    return [(i * batch_size) // num_replicas for i in range(num_replicas + 1)]
+
+
+def _differentiable_on(device, forward, flat_inputs):
+    """Runs `forward(*flat_inputs)` on `device`, its gradient there too.
+
+    TensorFlow 2's tape places every backward op on the default device, which
+    would run all replicas' backward passes on one device. `tf.gradients`
+    colocates each gradient op with its forward op, so the backward pass of a
+    replica stays on the replica's device.
+    """
+
+    @tf.custom_gradient
+    def replica(*xs):
+        with tf.device(device):
+            ys = forward(*xs)
+
+        def grad(*dys, variables=None):
+            variables = list(variables or [])
+            grads = tf.gradients(ys, list(xs) + variables, grad_ys=list(dys))
+            return grads[: len(xs)], grads[len(xs):]
+
+        return ys, grad
+
+    return replica(*flat_inputs)
+
+
+class DataParallel(keras.layers.Layer):
+    """Runs `template` once per device on a slice of the batch.
+
+    Not usually built directly: `multi_gpu_model` wraps it in a model whose
+    inputs and output names mirror the template's.
+
+    Args:
+        template: A built Keras model whose weights the replicas share.
+        devices: Canonical device names, one replica per device.
+        merge_device: Device on which the batch is sliced and the replica
+            outputs concatenated.
+    """
+
+    def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
+        super().__init__(**kwargs)
+        self.template = template
+        self.devices = list(devices)
+        self.merge_device = merge_device
+        # Empty sub-batches in training would feed NaN batch statistics into
+        # stateful layers such as BatchNormalization; they run in inference.
+        self._has_state = bool(template.non_trainable_variables)
+
+    def _forward(self, inputs_struct, training):
+        def forward(*flat):
+            args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
+            if not (training is True and self._has_state):
+                return keras.tree.flatten(self.template(args, training=training))
+            return keras.tree.flatten(tf.cond(
+                tf.shape(flat[0])[0] > 0,
+                lambda: self.template(args, training=True),
+                lambda: self.template(args, training=False),
+            ))
+
+        return forward
+
+    def call(self, inputs, training=None):
+        flat_inputs = keras.tree.flatten(inputs)
+        num_replicas = len(self.devices)
+        with tf.device(self.merge_device):
+            bounds = split_bounds(tf.shape(flat_inputs[0])[0], num_replicas)
+            slices = [
+                [x[bounds[i]:bounds[i + 1]] for x in flat_inputs]
+                for i in range(num_replicas)
+            ]
+        forward = self._forward(inputs, training)
+        if tf.executing_eagerly():
+            # `tf.gradients` needs a graph; eager runs are for debugging.
+            outputs = []
+            for device, flat in zip(self.devices, slices):
+                with tf.device(device):
+                    outputs.append(forward(*flat))
+        else:
+            outputs = [
+                _differentiable_on(device, forward, flat)
+                for device, flat in zip(self.devices, slices)
+            ]
+        with tf.device(self.merge_device):
+            merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
+        return keras.tree.pack_sequence_as(self.template.output, merged)
+
+    def compute_output_spec(self, inputs, training=None):
+        return self.template.compute_output_spec(inputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            template=keras.saving.serialize_keras_object(self.template),
+            devices=self.devices,
+            merge_device=self.merge_device,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        template = keras.saving.deserialize_keras_object(
+            config.pop("template"), custom_objects=custom_objects
+        )
+        return cls(template, **config)
+
+
+def _input_like(tensor):
+    if tensor.shape[0] is not None:
+        raise ValueError(
+            f"Invalid `model`: its input {tensor.name!r} has a fixed batch "
+            f"size ({tensor.shape}); multi_gpu_model slices each batch, so "
+            "build the model with shape=... rather than batch_shape=..."
+        )
+    return keras.Input(
+        shape=tensor.shape[1:], dtype=tensor.dtype, sparse=tensor.sparse,
+        name=tensor.name,
+    )
+
+
+def _output_names(model):
+    return [t._keras_history.operation.name
+            for t in keras.tree.flatten(model.output)]
+
+
+def _named_like(template, outputs):
+    """Gives each output its template output's name (so loss dicts work)."""
+    input_names = {t.name for t in keras.tree.flatten(template.input)}
+    flat = [
+        o if name in input_names else keras.layers.Identity(name=name)(o)
+        for o, name in zip(keras.tree.flatten(outputs), _output_names(template))
+    ]
+    return keras.tree.pack_sequence_as(template.output, flat)
+
+
+def _template_input(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"Invalid `model`: received an object of type "
+            f"{type(model).__name__}; expected a keras.Model (Sequential or "
+            "functional)."
+        )
+    try:
+        return model.input
+    except (AttributeError, ValueError):
+        raise ValueError(
+            f"Invalid `model`: {model.name!r} has no symbolic inputs. Build "
+            "it with keras.Input(...) (Sequential: start with "
+            "keras.Input(shape=...)); subclassed models are not supported."
+        ) from None
+
+
+@keras.saving.register_keras_serializable(package="multigpu")
+class ParallelModel(keras.Model):
+    """A Keras model that runs one replica of `template` per device.
+
+    Use it exactly like the template: `compile`, `fit`, `evaluate`,
+    `predict`, or call it as a layer. Its weights are the template's.
+
+    Saving: `save`, `save_weights` and `load_weights` (and so
+    `keras.callbacks.ModelCheckpoint` and `BackupAndRestore` attached to this
+    model) act on `template`, so the files are plain Keras models that load
+    with `keras.models.load_model` on any machine, with or without multigpu.
+    """
+
+    def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
+        inputs = keras.tree.map_structure(_input_like, _template_input(template))
+        replicas = DataParallel(template, devices, merge_device, name="replicas")
+        outputs = _named_like(template, replicas(inputs))
+        kwargs.setdefault("name", f"{template.name}_parallel")
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+    @property
+    def replicas_layer(self):
+        return next(l for l in self.layers if isinstance(l, DataParallel))
+
+    @property
+    def template(self):
+        """The model whose weights every replica shares."""
+        return self.replicas_layer.template
+
+    @property
+    def devices(self):
+        """Canonical names of the devices that hold one replica each."""
+        return list(self.replicas_layer.devices)
+
+    @property
+    def merge_device(self):
+        """Device that slices batches and concatenates outputs."""
+        return self.replicas_layer.merge_device
+
+    def batch_split(self, batch_size):
+        """How a batch of `batch_size` rows is split: `[(device, rows)]`."""
+        bounds = split_bounds(int(batch_size), len(self.devices))
+        return [(d, bounds[i + 1] - bounds[i]) for i, d in enumerate(self.devices)]
+
+    def compile(self, *args, jit_compile=False, **kwargs):
+        if jit_compile is True:
+            warnings.warn(
+                "jit_compile=True ignored: XLA fuses the replicas into one "
+                "cluster on one device, undoing data parallelism.",
+                UserWarning, stacklevel=2,
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `template` (architecture and the shared trained weights)."""
+        return self.template.save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `template`'s weights, loadable by `template.load_weights`."""
+        return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved from the template (or from this model)."""
+        return self.template.load_weights(filepath, **kwargs)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "template": keras.saving.serialize_keras_object(self.template),
+            "devices": self.devices,
+            "merge_device": self.merge_device,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        template = keras.saving.deserialize_keras_object(
+            config.pop("template"), custom_objects=custom_objects
+        )
+        devices = devices_lib.resolve_devices(config.pop("devices"))
+        return cls(template, devices, **config)
+
+
+def _check_flag(name, value):
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"Invalid `{name}`: received {value!r}; expected True or False."
+        )
+
+
+def relocate_to_cpu(model):
+    """Rebuilds `model` with its variables on the CPU, keeping its weights.
+
+    The original `cpu_relocation` re-created the weights and so lost what the
+    model had learned (keras-team/keras#11313); this copies them over.
+    """
+    try:
+        with tf.device(HOST_DEVICE):
+            clone = keras.models.clone_model(model)
+    except ValueError as error:
+        raise ValueError(
+            f"Invalid `model` for cpu_relocation=True: {model.name!r} cannot "
+            f"be cloned ({error}). Build the model under "
+            "tf.device('/cpu:0') instead and keep cpu_relocation=False."
+        ) from None
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
+    """Replicates a model on several devices (single-machine data parallelism).
+
+    Every batch is divided into one sub-batch per device (sizes differ by at
+    most one row; no row is lost), a replica of `model` runs on each device,
+    forward and backward pass, and the outputs are concatenated into one
+    batch. With a batch of 64 and `gpus=2`, each device processes 32 rows.
+    The mathematics are those of the template: predictions are equal and one
+    optimizer step equals one step of the template on the same batch (layers
+    that use batch statistics, such as BatchNormalization, see sub-batches).
+
+    Args:
+        model: A built Keras model (Sequential or functional), the template.
+        gpus: `None` for every GPU (every logical CPU device on a machine
+            without GPU; the single device on a one-device machine, with a
+            warning), an int >= 2, a list of >= 2 GPU ids, or a list of >= 2
+            device names such as `["/gpu:0", "/gpu:1"]`.
+        cpu_merge: Slice batches and concatenate outputs on the CPU (True) or
+            on the first device (False, for GPUs joined by NVLink).
+        cpu_relocation: Rebuild the model's weights on the CPU, keeping their
+            values. The returned model's `template` is then that CPU copy
+            (save it, or the parallel model; not the original `model`).
+
+    Returns:
+        A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.
+        Its `save`/`save_weights` write the template, which loads back with
+        plain `keras.models.load_model`.
+
+    Raises:
+        ValueError: for invalid `gpus`, flags, or an unbuilt model.
+        TypeError: if `model` is not a `keras.Model`.
+
+    Example:
+    >>> parallel = multigpu.multi_gpu_model(model, gpus=4)
+    >>> parallel.compile(optimizer="rmsprop", loss="categorical_crossentropy")
+    >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
+    >>> parallel.save("model.keras")                    # writes the template
+    """
+    _template_input(model)
+    _check_flag("cpu_merge", cpu_merge)
+    _check_flag("cpu_relocation", cpu_relocation)
+    devices = devices_lib.resolve_devices(gpus)
+    template = relocate_to_cpu(model) if cpu_relocation else model
+    merge_device = HOST_DEVICE if cpu_merge else devices[0]
+    return ParallelModel(template, devices, merge_device)
