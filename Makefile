@@ -6,6 +6,8 @@ PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
+# TensorFlow's C++ start-up chatter; errors still print.
+export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: demo test test-python setup setup-python
 
@@ -15,7 +17,6 @@ setup-python: $(PY_STAMP)
 
 $(PY_STAMP): pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[cpu,test,demo]"
 	touch $@
 

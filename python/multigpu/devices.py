@@ -5,7 +5,9 @@ Every public function that takes a device argument (`gpus=` of
 value means the same devices everywhere.
 """
 
+import os
 import re
+import sys
 import warnings
 
 import tensorflow as tf
@@ -29,10 +31,19 @@ def _logical_devices(device_type):
     return [d.name for d in tf.config.list_logical_devices(device_type)]
 
 
+def _caller_stacklevel():
+    """Stack level of the first frame outside this package, for warnings."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _warn_once(key, message):
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=_caller_stacklevel())
 
 
 def available_devices():

@@ -6,6 +6,7 @@ along the batch axis. The replicas are calls of the template itself, so they
 share its weights: training the parallel model trains the template.
 """
 
+import inspect
 import warnings
 
 import keras
@@ -20,7 +21,7 @@ def split_bounds(batch_size, num_replicas):
     """Row boundaries of the sub-batches: `num_replicas + 1` offsets.
 
     Sub-batch `i` is rows `bounds[i]:bounds[i + 1]`. Sizes differ by at most
-    one row, larger ones last, and no row is lost; with fewer rows than
+    one row and no row is lost; with fewer rows than
     replicas the first replicas get empty sub-batches. Works on Python ints
     and on scalar tensors.
 
@@ -73,9 +74,15 @@ class DataParallel(keras.layers.Layer):
         self.template = template
         self.devices = list(devices)
         self.merge_device = merge_device
+        self._output_struct = symbolic_graph(template).output
         # Empty sub-batches in training would feed NaN batch statistics into
         # stateful layers such as BatchNormalization; they run in inference.
-        self._has_state = bool(template.non_trainable_variables)
+        # Random-seed counters (Dropout) are state that empty batches cannot
+        # harm, and guarding them makes TensorFlow log a spurious warning.
+        self._has_state = any(
+            not v.path.endswith("seed_generator_state")
+            for v in template.non_trainable_variables
+        )
 
     def _forward(self, inputs_struct, training):
         def forward(*flat):
@@ -113,10 +120,16 @@ class DataParallel(keras.layers.Layer):
             ]
         with tf.device(self.merge_device):
             merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
-        return keras.tree.pack_sequence_as(self.template.output, merged)
+        return keras.tree.pack_sequence_as(self._output_struct, merged)
 
     def compute_output_spec(self, inputs, training=None):
         return self.template.compute_output_spec(inputs)
+
+    @property
+    def metrics(self):
+        # The template's compiled metrics are the template's to report; the
+        # parallel model has its own, computed on the merged outputs.
+        return []
 
     def get_config(self):
         config = super().get_config()
@@ -145,44 +158,72 @@ def _input_like(tensor):
         )
     return keras.Input(
         shape=tensor.shape[1:], dtype=tensor.dtype, sparse=tensor.sparse,
-        name=tensor.name,
+        name=_layer_name(tensor),
     )
 
 
-def _output_names(model):
-    return [t._keras_history.operation.name
-            for t in keras.tree.flatten(model.output)]
+def _layer_name(tensor):
+    return tensor._keras_history.operation.name
 
 
-def _named_like(template, outputs):
+def _named_like(graph, outputs):
     """Gives each output its template output's name (so loss dicts work)."""
-    input_names = {t.name for t in keras.tree.flatten(template.input)}
+    input_names = {_layer_name(t) for t in keras.tree.flatten(graph.input)}
+    output_names = [_layer_name(t) for t in keras.tree.flatten(graph.output)]
     flat = [
         o if name in input_names else keras.layers.Identity(name=name)(o)
-        for o, name in zip(keras.tree.flatten(outputs), _output_names(template))
+        for o, name in zip(keras.tree.flatten(outputs), output_names)
     ]
-    return keras.tree.pack_sequence_as(template.output, flat)
+    return keras.tree.pack_sequence_as(graph.output, flat)
 
 
-def _template_input(model):
+def symbolic_graph(model):
+    """The functional graph of a built Sequential or functional model.
+
+    Raises:
+        TypeError: if `model` is not a `keras.Model`.
+        ValueError: if it has no symbolic inputs (unbuilt or subclassed).
+    """
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"Invalid `model`: received an object of type "
             f"{type(model).__name__}; expected a keras.Model (Sequential or "
             "functional)."
         )
+    graph = getattr(model, "_functional", None) or model
     try:
-        return model.input
+        graph.input, graph.output
     except (AttributeError, ValueError):
         raise ValueError(
             f"Invalid `model`: {model.name!r} has no symbolic inputs. Build "
             "it with keras.Input(...) (Sequential: start with "
             "keras.Input(shape=...)); subclassed models are not supported."
         ) from None
+    return graph
+
+
+class TemplateSaving:
+    """Saving for models whose weights are those of `self.template`.
+
+    `save`, `save_weights` and `load_weights` act on the template, so files
+    are plain Keras models. Shared by `ParallelModel` and `PartitionedModel`.
+    """
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `template` (architecture and the shared trained weights)."""
+        return self.template.save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `template`'s weights, loadable by `template.load_weights`."""
+        return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved from the template (or from this model)."""
+        return self.template.load_weights(filepath, **kwargs)
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ParallelModel(keras.Model):
+class ParallelModel(TemplateSaving, keras.Model):
     """A Keras model that runs one replica of `template` per device.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
@@ -195,9 +236,10 @@ class ParallelModel(keras.Model):
     """
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
-        inputs = keras.tree.map_structure(_input_like, _template_input(template))
+        graph = symbolic_graph(template)
+        inputs = keras.tree.map_structure(_input_like, graph.input)
         replicas = DataParallel(template, devices, merge_device, name="replicas")
-        outputs = _named_like(template, replicas(inputs))
+        outputs = _named_like(graph, replicas(inputs))
         kwargs.setdefault("name", f"{template.name}_parallel")
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
@@ -226,6 +268,15 @@ class ParallelModel(keras.Model):
         return [(d, bounds[i + 1] - bounds[i]) for i, d in enumerate(self.devices)]
 
     def compile(self, *args, jit_compile=False, **kwargs):
+        """Compiles like `keras.Model.compile`, and the template alike.
+
+        The template is compiled with the same loss and metrics and shares
+        this model's optimizer (unless it was compiled by the user), so that
+        saved files carry the compile configuration and optimizer state, and
+        `template.evaluate` works after training the parallel model.
+        `jit_compile` is always False: XLA would fuse the replicas into one
+        cluster on one device.
+        """
         if jit_compile is True:
             warnings.warn(
                 "jit_compile=True ignored: XLA fuses the replicas into one "
@@ -233,18 +284,14 @@ class ParallelModel(keras.Model):
                 UserWarning, stacklevel=2,
             )
         super().compile(*args, jit_compile=False, **kwargs)
-
-    def save(self, filepath, overwrite=True, **kwargs):
-        """Saves `template` (architecture and the shared trained weights)."""
-        return self.template.save(filepath, overwrite=overwrite, **kwargs)
-
-    def save_weights(self, filepath, overwrite=True, **kwargs):
-        """Saves `template`'s weights, loadable by `template.load_weights`."""
-        return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
-
-    def load_weights(self, filepath, **kwargs):
-        """Loads weights saved from the template (or from this model)."""
-        return self.template.load_weights(filepath, **kwargs)
+        template = self.template
+        if not template.compiled or getattr(template, "_compiled_by_parallel", 0):
+            arguments = inspect.signature(keras.Model.compile).bind(
+                template, *args, **kwargs).arguments
+            arguments.pop("self")
+            arguments["optimizer"] = self.optimizer
+            template.compile(**arguments)
+            template._compiled_by_parallel = True
 
     def get_config(self):
         return {
@@ -328,7 +375,7 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
     >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
     >>> parallel.save("model.keras")                    # writes the template
     """
-    _template_input(model)
+    symbolic_graph(model)
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
     devices = devices_lib.resolve_devices(gpus)

@@ -1,0 +1,204 @@
+"""Device resolution and simulated devices."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multigpu
+from multigpu import devices as devices_lib
+
+from conftest import DEVICES
+
+CPUS = [f"/device:CPU:{i}" for i in range(4)]
+
+
+def fake_machine(monkeypatch, gpus=0, cpus=1):
+    """Makes the resolver see a machine with that many logical devices."""
+    listing = {
+        "GPU": [f"/device:GPU:{i}" for i in range(gpus)],
+        "CPU": [f"/device:CPU:{i}" for i in range(cpus)],
+    }
+    monkeypatch.setattr(devices_lib, "_logical_devices", listing.__getitem__)
+    monkeypatch.setattr(devices_lib, "_warned", set())
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+    monkeypatch.setattr(devices_lib, "_warned", set())
+
+
+def test_conftest_configured_four_logical_cpus():
+    assert DEVICES == CPUS
+    assert [d.name for d in tf.config.list_logical_devices("CPU")] == CPUS
+
+
+def test_none_uses_every_logical_cpu_with_one_time_warning():
+    with pytest.warns(UserWarning, match="No GPU found"):
+        assert multigpu.resolve_devices(None) == CPUS
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert multigpu.resolve_devices(None) == CPUS
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, np.int64(2)])
+def test_count_takes_the_first_devices(count):
+    with pytest.warns(UserWarning, match="logical CPU"):
+        assert multigpu.resolve_devices(count) == CPUS[: int(count)]
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (["/cpu:1", "/device:CPU:3"], ["/device:CPU:1", "/device:CPU:3"]),
+        (("cpu:2", "/CPU:0"), ["/device:CPU:2", "/device:CPU:0"]),
+        (["/job:localhost/replica:0/task:0/device:CPU:1", "/cpu:2"],
+         ["/device:CPU:1", "/device:CPU:2"]),
+    ],
+)
+def test_device_names_are_canonicalised(names, expected):
+    assert multigpu.resolve_devices(names) == expected
+
+
+@pytest.mark.parametrize(
+    "gpus, problem",
+    [
+        (1, "must be >= 2, not 1"),
+        (0, "must be >= 2, not 0"),
+        (-2, "must be >= 2, not -2"),
+        (True, "type bool"),
+        (2.5, "type float"),
+        (2.0, "type float"),
+        ([], "at least 2 entries, not 0"),
+        ([0], "at least 2 entries, not 1"),
+        (["/cpu:1"], "at least 2 entries, not 1"),
+        (5, "5 devices were asked for but only 4 logical CPU"),
+        ([0, 1], "GPU ids were given but this machine has no GPU"),
+        (["/cpu:0", "/cpu:0"], "appear more than once"),
+        (["/cpu:0", "/device:CPU:0"], "appear more than once"),
+        (["/cpu:0", "/cpu:9"], "Unknown device(s) ['/cpu:9']"),
+        (["/gpu:0", "/gpu:1"], "Unknown device(s)"),
+        (["/cpu:0", "banana"], "'banana' is not a local device name"),
+        ([0, 1.5], "Entries [1.5] are neither GPU ids nor device names"),
+        ([0, "/cpu:1"], "mixes GPU ids and device names"),
+        ("/cpu:0", "A single device name is not a device set"),
+        ({"gpus": 2}, "type dict"),
+    ],
+)
+def test_invalid_gpus_name_value_expectation_and_machine(gpus, problem):
+    with pytest.raises(ValueError) as caught:
+        multigpu.resolve_devices(gpus)
+    message = str(caught.value)
+    assert f"received {gpus!r}" in message
+    assert problem in message
+    assert "Expected None" in message
+    assert "This machine has GPUs: none; CPU devices: /device:CPU:0" in message
+
+
+def test_gpu_machine_none_uses_all_gpus_without_warning(monkeypatch):
+    fake_machine(monkeypatch, gpus=3, cpus=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert multigpu.resolve_devices(None) == [
+            "/device:GPU:0", "/device:GPU:1", "/device:GPU:2"]
+
+
+def test_gpu_machine_counts_ids_and_names(monkeypatch):
+    fake_machine(monkeypatch, gpus=4, cpus=1)
+    assert multigpu.resolve_devices(2) == ["/device:GPU:0", "/device:GPU:1"]
+    assert multigpu.resolve_devices([3, 1]) == ["/device:GPU:3", "/device:GPU:1"]
+    assert multigpu.resolve_devices(["/gpu:2", "gpu:0"]) == [
+        "/device:GPU:2", "/device:GPU:0"]
+    assert multigpu.resolve_devices(["/gpu:1", "/cpu:0"]) == [
+        "/device:GPU:1", "/device:CPU:0"]
+
+
+@pytest.mark.parametrize(
+    "gpus, problem",
+    [
+        ([0, 4], "GPU id(s) [4] are out of range 0..3"),
+        ([-1, 0], "GPU id(s) [-1] are out of range"),
+        ([1, 1], "['/device:GPU:1'] appear more than once"),
+        (5, "5 devices were asked for but only 4 GPU(s) exist"),
+        (["/gpu:0", "/gpu:7"], "Unknown device(s) ['/gpu:7']"),
+    ],
+)
+def test_gpu_machine_invalid_ids(monkeypatch, gpus, problem):
+    fake_machine(monkeypatch, gpus=4, cpus=1)
+    with pytest.raises(ValueError) as caught:
+        multigpu.resolve_devices(gpus)
+    assert problem in str(caught.value)
+    assert "GPUs: /device:GPU:0, /device:GPU:1" in str(caught.value)
+
+
+@pytest.mark.parametrize("gpus, cpus, expected", [
+    (1, 1, "/device:GPU:0"), (0, 1, "/device:CPU:0")])
+def test_single_device_machine_runs_on_it_with_warning(
+        monkeypatch, gpus, cpus, expected):
+    fake_machine(monkeypatch, gpus=gpus, cpus=cpus)
+    with pytest.warns(UserWarning, match="Only one device"):
+        assert multigpu.resolve_devices(None) == [expected]
+
+
+def test_single_cpu_machine_rejects_a_count(monkeypatch):
+    fake_machine(monkeypatch, gpus=0, cpus=1)
+    with pytest.raises(ValueError, match="only 1 logical CPU device"):
+        multigpu.resolve_devices(2)
+
+
+def test_gpu_machine_does_not_fall_back_to_cpus_for_counts(monkeypatch):
+    fake_machine(monkeypatch, gpus=2, cpus=4)
+    with pytest.raises(ValueError, match="only 2 GPU"):
+        multigpu.resolve_devices(3)
+
+
+def test_available_devices_lists_both_kinds():
+    assert multigpu.available_devices() == {"GPU": [], "CPU": CPUS}
+
+
+def test_virtual_devices_is_idempotent_for_the_same_n():
+    assert multigpu.virtual_devices(4) == CPUS
+
+
+def test_virtual_devices_after_start_explains_instead_of_tf_error():
+    tf.config.list_logical_devices()  # TensorFlow has started.
+    with pytest.raises(RuntimeError) as caught:
+        multigpu.virtual_devices(3)
+    message = str(caught.value)
+    assert "virtual_devices(3) came too late" in message
+    assert "with 4 logical CPU device(s)" in message
+    assert "first thing in the program" in message
+
+
+@pytest.mark.parametrize("kwargs, problem", [
+    (dict(n=0), "Invalid `n`: received 0"),
+    (dict(n=2.5), "Invalid `n`: received 2.5"),
+    (dict(n=True), "Invalid `n`: received True"),
+    (dict(n=2, device_type="TPU"), "Invalid `device_type`: received 'TPU'"),
+    (dict(n=2, memory_limit=512), "memory_limit applies to GPUs only"),
+    (dict(n=2, device_type="GPU"), "received None; splitting a GPU needs"),
+    (dict(n=2, device_type="GPU", memory_limit=-1), "received -1"),
+    (dict(n=2, device_type="GPU", memory_limit=1024), "has no physical GPU"),
+])
+def test_virtual_devices_rejects_bad_arguments(kwargs, problem):
+    with pytest.raises(ValueError) as caught:
+        multigpu.virtual_devices(**kwargs)
+    assert problem in str(caught.value)
+
+
+def test_virtual_devices_splits_a_gpu_with_memory_limits(monkeypatch):
+    """The GPU path, on a mocked physical GPU (no GPU exists here)."""
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    calls = []
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: [gpu] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config, "get_logical_device_configuration",
+                        lambda device: None)
+    monkeypatch.setattr(tf.config, "set_logical_device_configuration",
+                        lambda device, configs: calls.append((device, configs)))
+    names = multigpu.virtual_devices(2, "gpu", memory_limit=2048)
+    assert names == ["/device:GPU:0", "/device:GPU:1"]
+    (device, configs), = calls
+    assert device is gpu
+    assert [c.memory_limit for c in configs] == [2048, 2048]

@@ -1,0 +1,118 @@
+"""Saving a parallel model writes the template, which plain Keras loads."""
+
+import keras
+import numpy as np
+import pytest
+
+import multigpu
+
+from models import data, mlp
+
+pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+
+
+@pytest.fixture
+def trained(rng):
+    template = mlp()
+    parallel = multigpu.multi_gpu_model(template, gpus=4)
+    parallel.compile(optimizer="adam", loss="mse")
+    x, y = data(rng, 40)
+    parallel.fit(x, y, epochs=2, batch_size=8, verbose=0)
+    return parallel, x, y
+
+
+@pytest.mark.parametrize("filename", ["model.keras", "model.h5"])
+def test_save_writes_a_plain_model_that_loads_back(trained, tmp_path, filename):
+    parallel, x, _ = trained
+    path = tmp_path / filename
+    parallel.save(path)
+    loaded = keras.models.load_model(path, compile=False)
+    assert not isinstance(loaded, multigpu.ParallelModel)
+    assert loaded.name == parallel.template.name
+    np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=1e-6)
+
+
+def test_save_weights_round_trip(trained, tmp_path):
+    parallel, x, _ = trained
+    path = tmp_path / "shared.weights.h5"
+    parallel.save_weights(path)
+    fresh = mlp()
+    fresh.load_weights(path)
+    np.testing.assert_allclose(fresh.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=1e-6)
+    other = multigpu.multi_gpu_model(mlp(), gpus=2)
+    other.load_weights(path)
+    np.testing.assert_allclose(other.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=1e-6)
+
+
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_model_checkpoint_attached_to_the_parallel_model(
+        rng, tmp_path, weights_only):
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=3)
+    parallel.compile(optimizer="adam", loss="mse")
+    suffix = ".weights.h5" if weights_only else ".keras"
+    pattern = str(tmp_path / ("ckpt-{epoch}" + suffix))
+    checkpoint = keras.callbacks.ModelCheckpoint(
+        pattern, save_weights_only=weights_only)
+    x, y = data(rng, 30)
+    parallel.fit(x, y, epochs=2, batch_size=7, callbacks=[checkpoint], verbose=0)
+    last = tmp_path / ("ckpt-2" + suffix)
+    if weights_only:
+        loaded = mlp()
+        loaded.load_weights(last)
+    else:
+        loaded = keras.models.load_model(last)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=1e-6)
+
+
+def test_outer_model_holding_a_parallel_model_round_trips(rng, tmp_path):
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
+    inputs = keras.Input((8,))
+    outer = keras.Model(inputs, keras.layers.Dense(1)(parallel(inputs)))
+    path = tmp_path / "outer.keras"
+    keras.saving.save_model(outer, path)
+    loaded = keras.models.load_model(path)
+    x, _ = data(rng, 6)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                               outer.predict(x, verbose=0), atol=1e-6)
+    inner = [l for l in loaded.layers if isinstance(l, multigpu.ParallelModel)]
+    assert inner and inner[0].devices == parallel.devices
+
+
+def test_saved_model_resumes_with_compile_config_and_optimizer_state(
+        trained, tmp_path):
+    parallel, x, y = trained
+    path = tmp_path / "resume.keras"
+    parallel.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.compiled
+    assert int(loaded.optimizer.iterations) == int(parallel.optimizer.iterations) == 10
+    for saved, live in zip(loaded.optimizer.variables, parallel.optimizer.variables):
+        np.testing.assert_allclose(saved.numpy(), live.numpy(), atol=1e-7)
+    assert loaded.evaluate(x, y, verbose=0) == pytest.approx(
+        parallel.evaluate(x, y, verbose=0), abs=1e-6)
+
+
+def test_compile_shares_the_optimizer_with_the_template(rng):
+    template = mlp()
+    parallel = multigpu.multi_gpu_model(template, gpus=2)
+    parallel.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    assert template.optimizer is parallel.optimizer
+    x, y = data(rng, 12)
+    parallel.fit(x, y, verbose=0)
+    np.testing.assert_allclose(template.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, verbose=0), atol=1e-6)
+    parallel.compile(optimizer="adam", loss="mae")  # recompiling follows
+    assert template.optimizer is parallel.optimizer
+
+
+def test_a_template_compiled_by_the_user_keeps_its_compilation():
+    template = mlp()
+    template.compile(optimizer="rmsprop", loss="mae")
+    user_optimizer = template.optimizer
+    parallel = multigpu.multi_gpu_model(template, gpus=2)
+    parallel.compile(optimizer="sgd", loss="mse")
+    assert template.optimizer is user_optimizer
