@@ -9,8 +9,19 @@ from multigpu.devices import canonical_device_name
 from multigpu.devices import resolve_devices
 from multigpu.devices import virtual_devices
 from multigpu.placement import executed_ops
+from multigpu.placement import placement_report
+from multigpu.model_parallel import PartitionedModel
+from multigpu.model_parallel import model_parallel
 from multigpu.replicas import DataParallel
 from multigpu.replicas import ParallelModel
 from multigpu.replicas import multi_gpu_model
+from multigpu.strategy import mirrored_strategy
+from multigpu.strategy import multi_worker_strategy
+from multigpu.strategy import StrategyUsageError
+from multigpu.data import distributed_dataset
+from multigpu.checkpoints import checkpoint_callbacks
+from multigpu.checkpoints import make_or_restore_model
+from multigpu.distributed import fit_distributed
+from multigpu.mirrored import MirroredModel
 
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import mirrored
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -32,13 +33,27 @@ def split_bounds(batch_size, num_replicas):
     return [(i * batch_size) // num_replicas for i in range(num_replicas + 1)]
 
 
+def _is_zeros(tensor):
+    """Whether `tensor` is the all-zeros gradient the tape gives unused outputs."""
+    op = tensor.op
+    if op.type == "ZerosLike":
+        return True
+    if op.type in ("Fill", "Const"):
+        value = tf.get_static_value(op.inputs[1] if op.type == "Fill" else tensor)
+        return value is not None and not value.any()
+    return False
+
+
 def _differentiable_on(device, forward, flat_inputs):
     """Runs `forward(*flat_inputs)` on `device`, its gradient there too.
 
     TensorFlow 2's tape places every backward op on the default device, which
     would run all replicas' backward passes on one device. `tf.gradients`
     colocates each gradient op with its forward op, so the backward pass of a
-    replica stays on the replica's device.
+    replica stays on the replica's device. Outputs whose gradient is the
+    tape's all-zeros filler (no loss uses them, or the loss uses their
+    logits instead) are left out of the backward pass rather than
+    differentiated as zeros.
     """
 
     @tf.custom_gradient
@@ -48,7 +63,13 @@ def _differentiable_on(device, forward, flat_inputs):
 
         def grad(*dys, variables=None):
             variables = list(variables or [])
-            grads = tf.gradients(ys, list(xs) + variables, grad_ys=list(dys))
+            sources = list(xs) + variables
+            used = [(y, dy) for y, dy in zip(ys, dys)
+                    if dy is not None and not _is_zeros(dy)]
+            if not used:
+                return [None] * len(xs), [None] * len(variables)
+            grads = tf.gradients([y for y, _ in used], sources,
+                                 grad_ys=[dy for _, dy in used])
             return grads[: len(xs)], grads[len(xs):]
 
         return ys, grad
@@ -84,16 +105,32 @@ class DataParallel(keras.layers.Layer):
             for v in template.non_trainable_variables
         )
 
-    def _forward(self, inputs_struct, training):
+    def _forward(self, inputs_struct, training, logits_at):
+        """The replica function: flat outputs, then the logits Keras kept.
+
+        Keras attaches to softmax and sigmoid outputs the logits they were
+        computed from (`_keras_logits`), and its cross-entropy losses use
+        them: exact and stable where log(clip(p)) is not. Concatenating the
+        replicas' outputs would lose them, so each replica also returns its
+        logits; `logits_at` receives the indices of the outputs that have
+        them.
+        """
+
+        def run(args, mode):
+            ys = keras.tree.flatten(self.template(args, training=mode))
+            logits = [getattr(y, "_keras_logits", None) for y in ys]
+            logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
+            return ys + [logits[i] for i in logits_at]
+
         def forward(*flat):
             args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
             if not (training is True and self._has_state):
-                return keras.tree.flatten(self.template(args, training=training))
-            return keras.tree.flatten(tf.cond(
+                return run(args, training)
+            return tf.cond(
                 tf.shape(flat[0])[0] > 0,
-                lambda: self.template(args, training=True),
-                lambda: self.template(args, training=False),
-            ))
+                lambda: run(args, True),
+                lambda: run(args, False),
+            )
 
         return forward
 
@@ -106,7 +143,8 @@ class DataParallel(keras.layers.Layer):
                 [x[bounds[i]:bounds[i + 1]] for x in flat_inputs]
                 for i in range(num_replicas)
             ]
-        forward = self._forward(inputs, training)
+        logits_at = []
+        forward = self._forward(inputs, training, logits_at)
         if tf.executing_eagerly():
             # `tf.gradients` needs a graph; eager runs are for debugging.
             outputs = []
@@ -120,7 +158,13 @@ class DataParallel(keras.layers.Layer):
             ]
         with tf.device(self.merge_device):
             merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
-        return keras.tree.pack_sequence_as(self._output_struct, merged)
+        values = merged[: len(merged) - len(logits_at)]
+        for index, logits in zip(logits_at, merged[len(values):]):
+            try:
+                values[index]._keras_logits = logits
+            except AttributeError:  # eager tensors take no attributes
+                pass
+        return keras.tree.pack_sequence_as(self._output_struct, values)
 
     def compute_output_spec(self, inputs, training=None):
         return self.template.compute_output_spec(inputs)
@@ -337,7 +381,8 @@ def relocate_to_cpu(model):
     return clone
 
 
-def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
+def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
+                    engine=mirrored.DEFAULT_ENGINE):
     """Replicates a model on several devices (single-machine data parallelism).
 
     Every batch is divided into one sub-batch per device (sizes differ by at
@@ -359,6 +404,12 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
         cpu_relocation: Rebuild the model's weights on the CPU, keeping their
             values. The returned model's `template` is then that CPU copy
             (save it, or the parallel model; not the original `model`).
+        engine: `"replicate"` (the default: slice each batch between replicas
+            of the template, outputs concatenated) or `"mirrored"` (train a
+            copy through `tf.distribute.MirroredStrategy`, mirrored variables
+            and all-reduced gradients; same contract, see
+            `multigpu.mirrored`). `bench/engines.py` compares them; replicate
+            was faster on every device count measured.
 
     Returns:
         A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.
@@ -378,7 +429,10 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
     symbolic_graph(model)
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
+    mirrored.check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
+    if engine == "mirrored":
+        return mirrored.MirroredModel(template, devices)
     merge_device = HOST_DEVICE if cpu_merge else devices[0]
     return ParallelModel(template, devices, merge_device)

@@ -1,0 +1,209 @@
+"""`fit_distributed`: a `fit`-shaped training loop built on `strategy.run`.
+
+Keras 3's `model.fit` fails under `tf.distribute.MultiWorkerMirroredStrategy`
+("Attempt to convert a value (PerReplica...) to a Tensor"). This loop runs
+the compiled model's own `train_step` (its optimizer, loss and metrics) in
+every replica with `strategy.run`, reads the metrics aggregated over every
+replica of every worker, and drives ordinary Keras callbacks, so it returns
+the same `keras.callbacks.History` as `fit`. It works under any strategy:
+multi-worker, mirrored, or none.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from multigpu import strategy as strategy_lib
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"Invalid `model`: received an object of type "
+            f"{type(model).__name__}; expected a compiled keras.Model."
+        )
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError(
+            f"Invalid `model`: {model.name!r} is not compiled. Call "
+            "model.compile(optimizer=..., loss=..., metrics=...) inside the "
+            "strategy's scope first: fit_distributed trains with the "
+            "compiled optimizer, loss and metrics."
+        )
+
+
+def _check_strategy(model, strategy):
+    if strategy is None:
+        return model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise TypeError(
+            f"Invalid `strategy`: received an object of type "
+            f"{type(strategy).__name__}; expected None (the strategy the "
+            "model was built under) or a tf.distribute.Strategy."
+        )
+    return strategy
+
+
+def _check_variables(model, strategy):
+    """Fails early, with the fix, if the model was built outside the scope."""
+    outside = [
+        v.path for v in model.trainable_variables
+        if not strategy.extended.variable_created_in_scope(
+            getattr(v, "value", v)
+        )
+    ]
+    if outside:
+        raise strategy_lib.StrategyUsageError(
+            f"Invalid `model`: its variables {outside[:3]}"
+            f"{' ...' if len(outside) > 3 else ''} were not created under the "
+            f"scope of the strategy it is trained with "
+            f"({type(strategy).__name__}). Build and compile the model inside "
+            "`with strategy.scope():` (e.g. with multigpu.make_or_restore_model "
+            "or your build function), then call fit_distributed."
+        )
+
+
+def _distribute(dataset, strategy):
+    if isinstance(dataset, tf.distribute.DistributedDataset):
+        return dataset, None
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"Invalid `dataset`: received an object of type "
+            f"{type(dataset).__name__}; expected a tf.data.Dataset batched at "
+            "the global batch size, e.g. multigpu.distributed_dataset(x, y, "
+            "per_replica_batch_size=64, strategy=strategy)."
+        )
+    steps = int(dataset.cardinality())
+    steps = steps if steps > 0 else None
+    return strategy.experimental_distribute_dataset(dataset), steps
+
+
+def _check_epochs(epochs):
+    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or (
+        epochs < 0
+    ):
+        raise ValueError(
+            f"Invalid `epochs`: received {epochs!r}; expected an int >= 0."
+        )
+    return int(epochs)
+
+
+def _logs(model):
+    """The model's metrics, aggregated over every replica, as floats."""
+    return {
+        name: float(np.asarray(value))
+        for name, value in model.get_metrics_result().items()
+    }
+
+
+def _build(model, strategy, dataset):
+    """Creates the optimizer, metric and loss state before the first step.
+
+    Variables created lazily inside `strategy.run` break the step under a
+    multi-replica MirroredStrategy; Keras's `fit` builds them up front from
+    the data's shapes in the same way.
+    """
+    if isinstance(dataset, tf.data.Dataset):
+        with strategy.scope():
+            model._symbolic_build(data_batch=dataset.element_spec)
+            if not model.optimizer.built:
+                model.optimizer.build(model.trainable_variables)
+
+
+def _train_function(model, strategy):
+    @tf.function(reduce_retracing=True)
+    def train_function(batch):
+        strategy.run(model.train_step, args=(batch,))
+
+    return train_function
+
+
+def _run_epochs(model, data, train_function, callbacks, epochs, initial_epoch):
+    logs = {}
+    for epoch in range(initial_epoch, epochs):
+        model.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        for step, batch in enumerate(data):
+            callbacks.on_train_batch_begin(step)
+            train_function(batch)
+            logs = _logs(model)
+            callbacks.on_train_batch_end(step, logs)
+            if model.stop_training:
+                break
+        callbacks.on_epoch_end(epoch, dict(logs))
+        if model.stop_training:
+            break
+    return logs
+
+
+def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
+                    callbacks=None, initial_epoch=0):
+    """Trains a compiled model with `strategy.run`; a `fit` for any strategy.
+
+    Every step runs `model.train_step` (the compiled optimizer, loss and
+    metrics) on each replica's share of the global batch; gradients are
+    all-reduced across all replicas of all workers, so every worker ends
+    with the same weights. Use it under `multi_worker_strategy()`, where
+    Keras 3's `model.fit` fails; it also works under `mirrored_strategy()`
+    and without a strategy.
+
+    Args:
+        model: A `keras.Model` built and compiled under the strategy's scope.
+        dataset: A `tf.data.Dataset` batched at the global batch size (see
+            `distributed_dataset`), or an already distributed dataset.
+        epochs: Index of the last epoch, as in `fit`.
+        strategy: The strategy to train under; None for the one the model was
+            built under (`model.distribute_strategy`).
+        verbose: `"auto"`, 0 (silent), 1 (progress bar) or 2 (one line per
+            epoch), as in `fit`. Under multi-worker training, consider
+            verbose=0 on all workers but the chief.
+        callbacks: Keras callbacks, e.g. `checkpoint_callbacks(...)`
+            (BackupAndRestore resumes at the right epoch here as in `fit`).
+        initial_epoch: Epoch at which to start, as in `fit`.
+
+    Returns:
+        A `keras.callbacks.History`; `history.history["loss"]` holds the
+        loss of every epoch averaged over all rows of all workers.
+
+    Raises:
+        TypeError: if `model`, `dataset` or `strategy` has the wrong type.
+        ValueError: if the model is not compiled or `epochs` is invalid.
+        StrategyUsageError: if the model's variables were not created under
+            the strategy's scope.
+
+    Example:
+    >>> strategy = multigpu.multi_worker_strategy()
+    >>> with strategy.scope():
+    ...     model = build_and_compile_model()
+    >>> data = multigpu.distributed_dataset(x, y, 64, strategy=strategy)
+    >>> history = multigpu.fit_distributed(model, data, epochs=3)
+    """
+    _check_model(model)
+    epochs = _check_epochs(epochs)
+    initial_epoch = _check_epochs(initial_epoch)
+    strategy = _check_strategy(model, strategy)
+    _check_variables(model, strategy)
+    data, steps = _distribute(dataset, strategy)
+    _build(model, strategy, dataset)
+    if verbose == "auto":
+        verbose = 1
+    callback_list = keras.callbacks.CallbackList(
+        callbacks, add_history=True, add_progbar=verbose != 0,
+        verbose=verbose, epochs=epochs, steps=steps, model=model,
+    )
+    model.stop_training = False
+    train_function = _train_function(model, strategy)
+    try:
+        callback_list.on_train_begin()
+        # BackupAndRestore announces the epoch to resume at, as in `fit`.
+        initial_epoch = model._initial_epoch or initial_epoch
+        logs = _run_epochs(model, data, train_function, callback_list,
+                           epochs, initial_epoch)
+        callback_list.on_train_end(logs)
+    except Exception as error:  # noqa: BLE001 - re-raised unless known
+        explained = strategy_lib.explain_error(error)
+        if explained is None:
+            raise
+        raise explained from error
+    finally:
+        model._initial_epoch = None
+    return model.history

@@ -1,0 +1,317 @@
+"""The mirrored engine of `multi_gpu_model`: training through MirroredStrategy.
+
+`multi_gpu_model(model, engine="mirrored")` returns a `MirroredModel`: a copy
+of the template whose variables are created under `mirrored_strategy(...)`
+(one mirrored copy per device; gradients all-reduced every step), with the
+contract of the replicate engine:
+
+* `.template` holds the trained weights: the template is the source of
+  truth between calls. `fit`, `evaluate`, `predict` and the `*_on_batch`
+  methods first copy its weights to the replicas; `fit` copies the trained
+  weights back at every epoch end and when it returns (`train_on_batch`
+  after every call).
+* `save`/`save_weights` write the template (a plain Keras model);
+  `load_weights`/`set_weights` set the template and the replicas.
+* Predictions equal the template's, and one step on a batch equals one step
+  of the template on that batch, also when the batch does not split evenly
+  between replicas (see `MirroredModel.compute_loss`).
+
+Which engine is faster is measured by `bench/engines.py`; `DEFAULT_ENGINE`
+is the winner on this project's benchmark machine (see `multi_gpu_model`).
+"""
+
+import keras
+import tensorflow as tf
+
+from multigpu import strategy as strategy_lib
+
+ENGINES = ("replicate", "mirrored")
+# bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
+# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
+#   devices   replicate   mirrored
+#      1        0.59        0.43
+#      2        0.97        0.22
+#      4        0.97        0.16
+# The replicate engine runs one graph whose replicas share the template's
+# variables: no variable copies, no collectives. The mirrored engine pays per
+# step for MirroredStrategy's replica dispatch, a collective all-reduce of
+# every gradient, per-replica optimizer updates and the all-reduce of row
+# counts that keeps uneven batches exact. Replicate is the default.
+DEFAULT_ENGINE = "replicate"
+
+
+def check_engine(engine, cpu_merge=True):
+    """Validates the `engine` argument of `multi_gpu_model`.
+
+    Args:
+        engine: `"replicate"` or `"mirrored"`.
+        cpu_merge: The `cpu_merge` argument, which only the replicate engine
+            uses.
+
+    Returns:
+        `engine`.
+
+    Raises:
+        ValueError: for an unknown engine, or `cpu_merge=False` with the
+            mirrored engine (it has no merge step).
+    """
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(
+            f"Invalid `engine`: received {engine!r}; expected one of "
+            f"{list(ENGINES)}: 'replicate' slices every batch between "
+            "replicas of one model, 'mirrored' trains through "
+            "tf.distribute.MirroredStrategy."
+        )
+    if engine == "mirrored" and cpu_merge is False:
+        raise ValueError(
+            "Invalid `cpu_merge`: received False with engine='mirrored'. "
+            "cpu_merge places the merge of replica outputs, which only "
+            "engine='replicate' has; leave cpu_merge=True."
+        )
+    return engine
+
+
+class _Ref:
+    """Holds an object out of sight of Keras's attribute tracking."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _CopyBackEachEpoch(keras.callbacks.Callback):
+    """Copies the trained weights to the template at every epoch end."""
+
+    def __init__(self, parallel):
+        super().__init__()
+        self._parallel = _Ref(parallel)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._parallel.value.copy_to_template()
+
+
+def _first_local(strategy):
+    def first(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    return first
+
+
+def _check_same_weights(template, replica):
+    mismatched = [
+        (t.path, tuple(t.shape), tuple(r.shape))
+        for t, r in zip(template.weights, replica.weights)
+        if tuple(t.shape) != tuple(r.shape)
+    ]
+    if mismatched or len(template.weights) != len(replica.weights):
+        raise ValueError(
+            f"Invalid `model` for engine='mirrored': {template.name!r} cannot "
+            f"be copied weight for weight ({mismatched[:3]}). Use "
+            "engine='replicate', which needs no copy."
+        )
+
+
+@keras.saving.register_keras_serializable(package="multigpu")
+class MirroredModel(keras.Model):
+    """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
+
+    Made by `multi_gpu_model(model, engine="mirrored")`. Use it like the
+    template; after `fit` the template holds the trained weights.
+
+    Args:
+        template: A built Keras model (Sequential or functional).
+        devices: Canonical device names, one replica per device.
+    """
+
+    def __init__(self, template, devices, **kwargs):
+        devices = list(devices)
+        strategy = strategy_lib.strategy_over(devices)
+        with strategy.scope():
+            try:
+                replica = keras.models.clone_model(template)
+            except ValueError as error:
+                raise ValueError(
+                    f"Invalid `model` for engine='mirrored': "
+                    f"{template.name!r} cannot be cloned ({error}). Use "
+                    "engine='replicate', which needs no copy."
+                ) from None
+            _check_same_weights(template, replica)
+            replica.set_weights(template.get_weights())
+            kwargs.setdefault("name", f"{template.name}_mirrored")
+            graph = getattr(replica, "_functional", None) or replica
+            super().__init__(inputs=graph.input, outputs=graph.output,
+                             **kwargs)
+        self._template_ref = _Ref(template)
+        self._device_names = tuple(devices)
+
+    @property
+    def template(self):
+        """The model that holds the trained weights between calls."""
+        return self._template_ref.value
+
+    @property
+    def devices(self):
+        """Canonical names of the devices that hold one replica each."""
+        return list(self._device_names)
+
+    @property
+    def strategy(self):
+        """The `tf.distribute.MirroredStrategy` the replicas live in."""
+        return self.distribute_strategy
+
+    @property
+    def engine(self):
+        return "mirrored"
+
+    def copy_to_template(self):
+        """Copies the replicas' (trained) weights to the template."""
+        self.template.set_weights(super().get_weights())
+
+    def copy_from_template(self):
+        """Copies the template's weights to every replica."""
+        super().set_weights(self.template.get_weights())
+
+    def compile(self, optimizer="rmsprop", *args, jit_compile=False,
+                **kwargs):
+        """Compiles under the strategy's scope (so optimizer state mirrors).
+
+        An optimizer instance made outside the scope is re-created inside it
+        from its config (it must not have been used yet).
+        """
+        with self.strategy.scope():
+            optimizer = self._optimizer_in_scope(optimizer)
+            super().compile(optimizer, *args, jit_compile=jit_compile,
+                            **kwargs)
+
+    def _optimizer_in_scope(self, optimizer):
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            return optimizer
+        extended = self.strategy.extended
+        if extended.variable_created_in_scope(optimizer.iterations.value):
+            return optimizer
+        if optimizer.built:
+            raise ValueError(
+                f"Invalid `optimizer`: received a {type(optimizer).__name__} "
+                "that was already used (built) for other variables. Pass a "
+                "new optimizer instance, or its name, e.g. optimizer='adam'."
+            )
+        return keras.optimizers.deserialize(
+            keras.optimizers.serialize(optimizer))
+
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`; the template holds the weights of every epoch."""
+        copy_back = _CopyBackEachEpoch(self)
+        if len(args) > 5:  # callbacks given positionally
+            args = list(args)
+            args[5] = list(args[5] or []) + [copy_back]
+        else:
+            kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [
+                copy_back
+            ]
+        self.copy_from_template()
+        try:
+            return super().fit(*args, **kwargs)
+        finally:
+            self.copy_to_template()
+
+    def evaluate(self, *args, **kwargs):
+        self.copy_from_template()
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        self.copy_from_template()
+        return super().predict(*args, **kwargs)
+
+    def train_on_batch(self, *args, **kwargs):
+        self.copy_from_template()
+        try:
+            return super().train_on_batch(*args, **kwargs)
+        finally:
+            self.copy_to_template()
+
+    def test_on_batch(self, *args, **kwargs):
+        self.copy_from_template()
+        return super().test_on_batch(*args, **kwargs)
+
+    def predict_on_batch(self, *args, **kwargs):
+        self.copy_from_template()
+        return super().predict_on_batch(*args, **kwargs)
+
+    def set_weights(self, weights):
+        """Sets the template's weights, and so the replicas'."""
+        self.template.set_weights(weights)
+        self.copy_from_template()
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `template` (architecture and trained weights)."""
+        self.copy_to_template()
+        return self.template.save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `template`'s weights, loadable by `template.load_weights`."""
+        self.copy_to_template()
+        return self.template.save_weights(filepath, overwrite=overwrite,
+                                          **kwargs)
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved from the template into it and the replicas."""
+        self.template.load_weights(filepath, **kwargs)
+        self.copy_from_template()
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        """Keras's loss, with exact gradients for batches split unevenly.
+
+        Under a strategy Keras averages each replica's mean loss, which
+        weights the rows of a smaller sub-batch more (a batch of 10 on 4
+        replicas splits 3/3/2/2). The gradient of replica r is rescaled by
+        `rows_r * replicas / rows_total`, making the summed gradient that of
+        the mean over all rows, as on one device; the loss value (and so the
+        reported loss) is unchanged.
+        """
+        loss = super().compute_loss(x, y, y_pred, sample_weight,
+                                    training=training)
+        context = tf.distribute.get_replica_context()
+        if not training or context is None or (
+            context.num_replicas_in_sync == 1
+        ):
+            return loss
+        rows = tf.shape(keras.tree.flatten(y_pred)[0])[0]
+        local = tf.cast(rows, loss.dtype)
+        total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        factor = local * context.num_replicas_in_sync / tf.maximum(total, 1.0)
+        return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras builds from the first batch averaged over replicas, which
+        # fails ("AddN ... must have the same size and shape") unless that
+        # batch splits evenly; the shapes of one replica's share suffice.
+        if iterator is not None:
+            for _, _, it in iterator:
+                batch = next(it)
+                break
+            data_batch = keras.tree.map_structure(
+                _first_local(self.strategy), batch
+            )
+        return super()._maybe_symbolic_build(data_batch=data_batch)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "template": keras.saving.serialize_keras_object(self.template),
+            "devices": self.devices,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        from multigpu import devices as devices_lib
+
+        config = dict(config)
+        template = keras.saving.deserialize_keras_object(
+            config.pop("template"), custom_objects=custom_objects
+        )
+        devices = config.pop("devices")
+        if len(devices) > 1:
+            devices = devices_lib.resolve_devices(devices)
+        return cls(template, devices, **config)

@@ -1,0 +1,383 @@
+"""Strategy-scoped training: `tf.distribute` strategies that are safe to reuse.
+
+`mirrored_strategy` returns a `tf.distribute.MirroredStrategy` over the devices
+`multi_gpu_model(gpus=...)` would use (one resolver: `devices.resolve_devices`).
+Two problems of plain `tf.distribute.MirroredStrategy` are fixed here:
+
+* Collective keys. Every `MirroredStrategy` numbers its collective groups from
+  1, and the collective runtime is process-wide: a second strategy over other
+  devices reuses group key 1 with another device set, and its first `fit`
+  aborts every collective of the process ("joining a group with size 4, but
+  that group has size 2 (group_key=1)"). TensorFlow's own tests avoid this by
+  raising `_collective_key_base` per strategy; each strategy made here gets a
+  key range of its own, starting far above the keys of strategies users make
+  directly.
+* Reuse. Strategies are cached per (device set, cross-device ops), so asking
+  again for the same devices returns the same strategy, whose collective
+  instance keys keep counting instead of starting over.
+
+The strategies also turn the classic errors of strategy code into messages
+that say what went wrong and how to fix it (see `StrategyUsageError`).
+
+`multi_worker_strategy` is the multi-machine counterpart: a
+`tf.distribute.MultiWorkerMirroredStrategy` configured from `TF_CONFIG`.
+"""
+
+import itertools
+import json
+import os
+import threading
+
+import tensorflow as tf
+
+from multigpu import devices as devices_lib
+
+# Strategies made here number their collective groups from
+# `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
+# directly with tf.distribute (which start at 1), and a stride that one
+# strategy's groups (one per distinct device set it reduces over) never fill.
+_KEY_BASE_START = 1_000_000
+_KEY_STRIDE = 10_000
+
+_lock = threading.Lock()
+_key_bases = itertools.count()
+_mirrored = {}
+_multi_worker = []
+
+_CROSS_DEVICE_OPS = {
+    "nccl": lambda: tf.distribute.NcclAllReduce(),
+    "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
+    "reduce_to_one": lambda: tf.distribute.ReductionToOneDevice(),
+}
+
+
+class StrategyUsageError(ValueError):
+    """A strategy was used in a way that cannot work; the message says why.
+
+    Raised in place of TensorFlow's own error (kept as `__cause__`) for the
+    classic mistakes of strategy code.
+    """
+
+
+_OUTSIDE_SCOPE = (
+    "Training inside `strategy.scope()` failed because some variables are "
+    "ordinary variables instead of mirrored ones: the model (or its "
+    "optimizer) was created outside the strategy's scope and trained inside "
+    "it. TensorFlow only reports a bare AssertionError for this. Fix: create "
+    "the model AND compile it inside `with strategy.scope():` (the model's "
+    "build function, `keras.models.load_model` and `compile` all belong "
+    "there); or keep the model you have and call "
+    "multigpu.multi_gpu_model(model, engine='mirrored'), which mirrors a copy "
+    "of a model built anywhere."
+)
+_REPLICA_CONTEXT = (
+    "A mirrored variable was read outside a replica context ({original}). "
+    "This happens when a training step that calls the model and "
+    "`optimizer.apply_gradients` runs directly under `strategy.scope()` "
+    "instead of through `strategy.run`. Fix: use `model.fit(...)`; or, in a "
+    "custom loop, distribute the data with "
+    "`strategy.experimental_distribute_dataset(dataset)` and run the step "
+    "with `strategy.run(step, args=(batch,))` inside a `tf.function`; or use "
+    "multigpu.fit_distributed(model, dataset), which does exactly that."
+)
+_FOREIGN_OPTIMIZER = (
+    "The optimizer was already built for another model's variables "
+    "({original}). An optimizer serves one model, and under a strategy it "
+    "must also be built under the strategy's scope. Fix: create a new "
+    "optimizer (or pass its name, e.g. optimizer='adam') when you compile the "
+    "model inside `with strategy.scope():`."
+)
+
+
+_UNEVEN = (
+    "Cannot average per-replica values of different shapes {shapes}: a "
+    "batch that does not split evenly between the {n} replicas. Keras's "
+    "model.fit under a MirroredStrategy builds the model from its first "
+    "batch this way and fails on such a batch. Fix: use a batch size that is "
+    "a multiple of {n} (strategy.num_replicas_in_sync); or make the data "
+    "with multigpu.distributed_dataset(x, y, per_replica_batch_size, "
+    "strategy=strategy), which batches at a multiple of the replica count; "
+    "or train with multigpu.multi_gpu_model(model, engine=...), which takes "
+    "any batch size."
+)
+
+
+def _local_shapes(strategy, value):
+    first = tf.nest.flatten(value)[0]
+    try:
+        return [tuple(v.shape) for v in
+                strategy.experimental_local_results(first)]
+    except (AttributeError, TypeError, ValueError):
+        return "(unknown)"
+
+
+def _frame_names(traceback):
+    names = []
+    while traceback is not None:
+        names.append(traceback.tb_frame.f_code.co_name)
+        traceback = traceback.tb_next
+    return names
+
+
+def explain_error(error):
+    """Returns a `StrategyUsageError` explaining `error`, or None.
+
+    Recognises the failures users hit when the strategy's scope is used
+    wrongly: variables created outside the scope and updated inside it, a
+    mirrored variable used outside a replica context, and an optimizer built
+    for other variables.
+
+    Args:
+        error: An exception raised while running code under a strategy.
+
+    Returns:
+        A `StrategyUsageError` whose message names the cause and the fix, or
+        None when `error` is not one of those failures.
+    """
+    if isinstance(error, StrategyUsageError):
+        return None
+    message = str(error)
+    if isinstance(error, AssertionError) and not message.strip() and any(
+        "update" in name for name in _frame_names(error.__traceback__)
+    ):
+        return StrategyUsageError(_OUTSIDE_SCOPE)
+    first_line = message.strip().splitlines()[-1] if message.strip() else ""
+    if "handle is not available outside the replica context" in message:
+        return StrategyUsageError(_REPLICA_CONTEXT.format(original=first_line))
+    if isinstance(error, ValueError) and "Unknown variable" in message and (
+        "optimizer" in message
+    ):
+        original = message.split(". ")[0]
+        return StrategyUsageError(_FOREIGN_OPTIMIZER.format(original=original))
+    return None
+
+
+class _ExplainingScope:
+    """Wraps a strategy's scope; re-raises known failures with a fix."""
+
+    def __init__(self, scope):
+        self._scope = scope
+
+    def __enter__(self):
+        return self._scope.__enter__()
+
+    def __exit__(self, error_type, error, traceback):
+        suppressed = self._scope.__exit__(error_type, error, traceback)
+        if error is not None and not suppressed:
+            explained = explain_error(error)
+            if explained is not None:
+                raise explained from error
+        return suppressed
+
+
+class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
+    """A `tf.distribute.MirroredStrategy` with its own collective-key range.
+
+    Made by `mirrored_strategy`; use that instead of the constructor. Its
+    `scope()` and `run()` explain the classic mistakes of strategy code
+    (see `explain_error`).
+
+    Args:
+        devices: Canonical device names, one replica per device.
+        cross_device_ops: None or a `tf.distribute.CrossDeviceOps`.
+        collective_key_base: Offset of this strategy's collective group keys.
+    """
+
+    def __init__(self, devices, cross_device_ops=None, collective_key_base=0):
+        # MirroredExtended reads the key base from the strategy object.
+        self._collective_key_base = collective_key_base
+        super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+    def scope(self):
+        return _ExplainingScope(super().scope())
+
+    def reduce(self, reduce_op, value, axis):
+        try:
+            return super().reduce(reduce_op, value, axis)
+        except tf.errors.InvalidArgumentError as error:
+            if axis is not None or "same size and shape" not in str(error):
+                raise
+            raise StrategyUsageError(_UNEVEN.format(
+                shapes=_local_shapes(self, value),
+                n=self.num_replicas_in_sync,
+            )) from error
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        try:
+            return super().run(fn, args=args, kwargs=kwargs, options=options)
+        except Exception as error:  # noqa: BLE001 - re-raised unless known
+            explained = explain_error(error)
+            if explained is None:
+                raise
+            raise explained from error
+
+
+def _cross_device_ops(cross_device_ops):
+    """Validates `cross_device_ops`; returns (cache key, ops object)."""
+    if cross_device_ops is None:
+        return None, None
+    if isinstance(cross_device_ops, str):
+        make = _CROSS_DEVICE_OPS.get(cross_device_ops)
+        if make is None:
+            raise ValueError(
+                f"Invalid `cross_device_ops`: received {cross_device_ops!r}; "
+                f"expected None (collective all-reduce), one of "
+                f"{sorted(_CROSS_DEVICE_OPS)}, or a "
+                "tf.distribute.CrossDeviceOps instance."
+            )
+        return cross_device_ops, make()
+    if isinstance(cross_device_ops, tf.distribute.CrossDeviceOps):
+        return id(cross_device_ops), cross_device_ops
+    raise TypeError(
+        f"Invalid `cross_device_ops`: received an object of type "
+        f"{type(cross_device_ops).__name__}; expected None, one of "
+        f"{sorted(_CROSS_DEVICE_OPS)}, or a tf.distribute.CrossDeviceOps "
+        "instance such as tf.distribute.HierarchicalCopyAllReduce()."
+    )
+
+
+def mirrored_strategy(devices=None, cross_device_ops=None):
+    """A `tf.distribute.MirroredStrategy` over the devices `gpus=` would use.
+
+    `devices` is resolved exactly like `multi_gpu_model(gpus=...)`: `None`
+    means every GPU, or every logical CPU device on a machine without GPU
+    (`multigpu.virtual_devices(n)`), or the single device of a one-device
+    machine. The same devices and cross-device ops always give back the same
+    strategy object, and strategies over different device sets can train in
+    one process (each has its own collective-key range).
+
+    Args:
+        devices: `None`, an int >= 2, a list of >= 2 GPU ids, or a list of
+            >= 2 device names; see `multigpu.resolve_devices`.
+        cross_device_ops: How gradients are all-reduced. `None` lets
+            TensorFlow choose (collective ops: NCCL on GPUs, ring on CPUs);
+            `"nccl"`, `"hierarchical_copy"` or `"reduce_to_one"`; or a
+            `tf.distribute.CrossDeviceOps` instance.
+
+    Returns:
+        A `tf.distribute.MirroredStrategy` (subclass `GuardedMirroredStrategy`)
+        with `num_replicas_in_sync == len(resolve_devices(devices))`.
+
+    Raises:
+        ValueError: for invalid `devices` (see `resolve_devices`) or an
+            unknown `cross_device_ops` name.
+        TypeError: if `cross_device_ops` is of the wrong type.
+
+    Example:
+    >>> strategy = multigpu.mirrored_strategy()
+    >>> with strategy.scope():
+    ...     model = build_model()
+    ...     model.compile(optimizer="adam", loss="mse")
+    >>> model.fit(multigpu.distributed_dataset(x, y, strategy=strategy))
+    """
+    return strategy_over(devices_lib.resolve_devices(devices), cross_device_ops)
+
+
+def strategy_over(devices, cross_device_ops=None):
+    """The cached `GuardedMirroredStrategy` over already resolved devices.
+
+    `mirrored_strategy` resolves its argument and calls this; the mirrored
+    engine of `multi_gpu_model` calls it with the devices it resolved.
+
+    Args:
+        devices: Canonical device names from `resolve_devices` (one or more).
+        cross_device_ops: As for `mirrored_strategy`.
+
+    Returns:
+        The strategy over `devices`, created on first use.
+    """
+    resolved = tuple(devices)
+    ops_key, ops = _cross_device_ops(cross_device_ops)
+    key = (resolved, ops_key)
+    with _lock:
+        cached = _mirrored.get(key)
+        if cached is None:
+            base = _KEY_BASE_START + next(_key_bases) * _KEY_STRIDE
+            strategy = GuardedMirroredStrategy(
+                list(resolved), cross_device_ops=ops, collective_key_base=base
+            )
+            # Keep the ops object alive so its id() is not reused.
+            cached = _mirrored[key] = (strategy, cross_device_ops)
+    return cached[0]
+
+
+def _tf_config():
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return None
+    try:
+        config = json.loads(raw)
+        workers = config["cluster"]["worker"]
+        task = config["task"]
+        index = int(task["index"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"Invalid TF_CONFIG environment variable: received {raw!r} "
+            f"({type(error).__name__}: {error}). Expected JSON such as "
+            '{"cluster": {"worker": ["host0:port", "host1:port"]}, '
+            '"task": {"type": "worker", "index": 0}}; start local workers '
+            "with `python -m multigpu.launch --workers N script.py`, or let "
+            "the cluster manager set it."
+        ) from None
+    if not 0 <= index < len(workers) and task.get("type") == "worker":
+        raise ValueError(
+            f"Invalid TF_CONFIG environment variable: task index {index} is "
+            f"out of range for {len(workers)} worker(s) in {raw!r}."
+        )
+    return config
+
+
+def _signal_ready():
+    """Tells `multigpu.launch` this worker has joined its cluster."""
+    ready_dir = os.environ.get("MULTIGPU_LAUNCH_READY_DIR")
+    if not ready_dir:
+        return
+    config = _tf_config() or {"task": {"index": 0}}
+    path = os.path.join(ready_dir, f"worker-{config['task']['index']}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
+def multi_worker_strategy():
+    """A `tf.distribute.MultiWorkerMirroredStrategy` for this process.
+
+    The cluster comes from the `TF_CONFIG` environment variable, set by the
+    cluster manager on a real cluster (Kubernetes/Kubeflow, Slurm scripts,
+    Vertex AI...) or by `python -m multigpu.launch --workers N script.py` on
+    one machine. Without `TF_CONFIG` the strategy has this process as its
+    only worker. TensorFlow allows one such strategy per process, so every
+    call returns the same object. Creating it waits until every worker of
+    the cluster has joined (one tiny all-reduce), so a cluster that cannot
+    form fails here, not in the middle of the first step.
+
+    Train with `multigpu.fit_distributed(model, dataset)`: Keras 3's
+    `model.fit` fails under this strategy.
+
+    Returns:
+        A `tf.distribute.MultiWorkerMirroredStrategy`.
+
+    Raises:
+        ValueError: if `TF_CONFIG` is set but is not a valid cluster spec.
+
+    Example:
+    >>> strategy = multigpu.multi_worker_strategy()
+    >>> with strategy.scope():
+    ...     model = build_and_compile_model()
+    >>> data = multigpu.distributed_dataset(x, y, 64, strategy=strategy)
+    >>> history = multigpu.fit_distributed(model, data, epochs=3)
+    """
+    with _lock:
+        if _multi_worker:
+            return _multi_worker[0]
+        _tf_config()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        # A barrier: returns once every worker is up and connected.
+        strategy.reduce(
+            tf.distribute.ReduceOp.SUM,
+            strategy.run(lambda: tf.constant(1.0)),
+            axis=None,
+        )
+        _multi_worker.append(strategy)
+    _signal_ready()
+    return strategy

@@ -1,0 +1,179 @@
+"""distributed_dataset: global batches, cache, shuffle, prefetch, shard policy."""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multigpu
+from models import data, mlp
+
+
+def _batches(dataset):
+    return [tuple(np.asarray(t) for t in batch) for batch in dataset]
+
+
+def _rows(dataset):
+    return np.concatenate([b[0] for b in _batches(dataset)])
+
+
+def test_batches_at_the_global_batch_size_without_losing_rows(rng):
+    x, y = data(rng, 100)
+    strategy = multigpu.mirrored_strategy(4)
+    dataset = multigpu.distributed_dataset(x, y, per_replica_batch_size=8,
+                                           strategy=strategy)
+    sizes = [len(b[0]) for b in _batches(dataset)]
+    assert sizes == [32, 32, 32, 4]
+    np.testing.assert_array_equal(_rows(dataset), x)
+    np.testing.assert_array_equal(
+        np.concatenate([b[1] for b in _batches(dataset)]), y)
+
+
+def test_strategy_none_uses_the_open_scope(rng):
+    x, y = data(rng, 64)
+    assert len(next(iter(multigpu.distributed_dataset(x, y, 8)))[0]) == 8
+    with multigpu.mirrored_strategy(2).scope():
+        assert len(next(iter(multigpu.distributed_dataset(x, y, 8)))[0]) == 16
+
+
+def test_a_parallel_model_counts_its_devices(rng):
+    x, y = data(rng, 64)
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=4)
+    batch = next(iter(multigpu.distributed_dataset(x, y, 4,
+                                                   strategy=parallel)))
+    assert len(batch[0]) == 16
+
+
+def test_dict_features_and_datasets_of_examples(rng):
+    x, y = data(rng, 20)
+    dataset = multigpu.distributed_dataset({"features": x}, y, 5,
+                                           strategy=multigpu.mirrored_strategy(2))
+    first = next(iter(dataset))
+    assert first[0]["features"].shape == (10, 8)
+    examples = tf.data.Dataset.from_tensor_slices((x, y))
+    batches = multigpu.distributed_dataset(
+        examples, per_replica_batch_size=5,
+        strategy=multigpu.mirrored_strategy(2))
+    np.testing.assert_array_equal(_rows(batches), x)
+
+
+def test_less_data_than_one_global_batch_still_splits_evenly(rng):
+    x, y = data(rng, 70)
+    strategy = multigpu.mirrored_strategy(4)
+    with pytest.warns(UserWarning, match=r"batching at 68 rows"):
+        dataset = multigpu.distributed_dataset(x, y, 32, strategy=strategy)
+    assert [len(b[0]) for b in _batches(dataset)] == [68, 2]
+    with strategy.scope():  # Keras's fit fails on an uneven first batch
+        model = mlp()
+        model.compile(optimizer="sgd", loss="mse")
+    history = model.fit(dataset, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_warns_when_a_batch_is_smaller_than_the_replica_count(rng):
+    strategy = multigpu.mirrored_strategy(4)
+    with pytest.warns(UserWarning, match=r"only 3 row\(s\), fewer than the 4"):
+        multigpu.distributed_dataset(*data(rng, 3), 8, strategy=strategy)
+    with pytest.warns(UserWarning, match=r"final batch has 2 row\(s\)"):
+        multigpu.distributed_dataset(*data(rng, 66), 8, strategy=strategy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dataset = multigpu.distributed_dataset(*data(rng, 66), 8,
+                                               strategy=strategy,
+                                               drop_remainder=True)
+    assert [len(b[0]) for b in _batches(dataset)] == [32, 32]
+
+
+def test_shuffle_is_a_seeded_permutation_redrawn_every_epoch(rng):
+    x, y = data(rng, 64)
+    make = lambda seed: multigpu.distributed_dataset(  # noqa: E731
+        x, y, 8, strategy=multigpu.mirrored_strategy(2), shuffle=True,
+        seed=seed)
+    dataset = make(3)
+    first, second = _rows(dataset), _rows(dataset)
+    assert not np.array_equal(first, x)
+    assert not np.array_equal(first, second)
+    assert sorted(map(tuple, first)) == sorted(map(tuple, x))
+    np.testing.assert_array_equal(_rows(make(3)), first)
+
+
+def _counting(x):
+    """A dataset of x's rows that counts how often its elements are made."""
+    calls = tf.Variable(0)
+
+    def count(row):
+        calls.assign_add(1)
+        return row
+
+    return tf.data.Dataset.from_tensor_slices(x).map(count), calls
+
+
+def test_memory_cache_computes_the_examples_once(rng):
+    x, _ = data(rng, 12)
+    examples, calls = _counting(x)
+    dataset = multigpu.distributed_dataset(examples, per_replica_batch_size=3,
+                                           strategy=multigpu.mirrored_strategy(2),
+                                           cache="memory")
+    _batches(dataset)
+    _batches(dataset)
+    assert int(calls.numpy()) == 12
+    examples, calls = _counting(x)
+    _batches(multigpu.distributed_dataset(examples, per_replica_batch_size=3))
+    _batches(multigpu.distributed_dataset(examples, per_replica_batch_size=3))
+    assert int(calls.numpy()) == 24
+
+
+def test_file_cache_writes_the_examples_to_disk(rng, tmp_path):
+    x, _ = data(rng, 12)
+    path = str(tmp_path / "cache")
+    dataset = multigpu.distributed_dataset(tf.data.Dataset.from_tensor_slices(x),
+                                           per_replica_batch_size=4,
+                                           cache=path)
+    np.testing.assert_array_equal(np.concatenate(list(dataset)), x)
+    assert any(name.startswith("cache") for name in os.listdir(tmp_path))
+
+
+def test_prefetch_and_shard_policy_are_applied(rng):
+    x, y = data(rng, 16)
+    policy = tf.data.experimental.AutoShardPolicy
+    for name, expected in (("data", policy.DATA), ("file", policy.FILE),
+                           ("off", policy.OFF), ("auto", policy.AUTO)):
+        dataset = multigpu.distributed_dataset(x, y, 4, shard_policy=name)
+        assert dataset.options().experimental_distribute.auto_shard_policy \
+            == expected
+    assert type(multigpu.distributed_dataset(x, y, 4)).__name__ == \
+        "_PrefetchDataset"
+    assert type(multigpu.distributed_dataset(x, y, 4, prefetch=False)) \
+        .__name__ != "_PrefetchDataset"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"per_replica_batch_size": 0}, r"`per_replica_batch_size`: received 0"),
+    ({"shard_policy": "rows"}, r"`shard_policy`: received 'rows'"),
+    ({"cache": "/no/such/dir/cache"}, r"`cache`: received '/no/such/dir"),
+    ({"cache": 3}, r"`cache`: received 3"),
+    ({"shuffle": "yes"}, r"`shuffle`: received 'yes'"),
+    ({"prefetch": 1}, r"`prefetch`: received 1"),
+])
+def test_invalid_arguments_are_named(rng, kwargs, message):
+    x, y = data(rng, 8)
+    with pytest.raises(ValueError, match=message):
+        multigpu.distributed_dataset(x, y, **{"per_replica_batch_size": 2,
+                                              **kwargs})
+
+
+def test_invalid_inputs_are_named(rng):
+    x, y = data(rng, 8)
+    with pytest.raises(ValueError, match=r"different numbers of rows"):
+        multigpu.distributed_dataset(x, y[:5])
+    examples = tf.data.Dataset.from_tensor_slices((x, y))
+    with pytest.raises(ValueError, match=r"`y`"):
+        multigpu.distributed_dataset(examples, y)
+    with pytest.raises(ValueError, match=r"already batched"):
+        multigpu.distributed_dataset(examples.batch(4))
+    with pytest.raises(ValueError, match=r"`shuffle_buffer`"):
+        multigpu.distributed_dataset(examples.repeat(), shuffle=True)
+    with pytest.raises(TypeError, match=r"`strategy`"):
+        multigpu.distributed_dataset(x, y, strategy="mirrored")

@@ -1,0 +1,153 @@
+"""multi_gpu_model(engine=...): the mirrored engine keeps the replicate contract."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multigpu
+from multigpu import mirrored
+from models import copy_of, data, max_weight_difference, mlp
+
+
+def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
+    """A mirrored parallel model and an independent reference copy."""
+    template = mlp()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=gpus, engine="mirrored")
+    parallel.compile(optimizer=optimizer(), loss="mse", metrics=["mae"])
+    reference.compile(optimizer=optimizer(), loss="mse", metrics=["mae"])
+    return template, parallel, reference
+
+
+def test_default_engine_is_the_benchmark_winner():
+    assert mirrored.DEFAULT_ENGINE == "replicate"
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
+    assert isinstance(parallel, multigpu.ParallelModel)
+
+
+def test_invalid_engine_and_flags_are_named():
+    with pytest.raises(ValueError, match=r"`engine`: received 'nccl'"):
+        multigpu.multi_gpu_model(mlp(), gpus=2, engine="nccl")
+    with pytest.raises(ValueError, match=r"`cpu_merge`: received False"):
+        multigpu.multi_gpu_model(mlp(), gpus=2, engine="mirrored",
+                                 cpu_merge=False)
+
+
+def test_mirrored_engine_mirrors_variables_over_the_resolved_devices():
+    template = mlp()
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    assert isinstance(parallel, multigpu.MirroredModel)
+    assert parallel.devices == multigpu.resolve_devices(4)
+    assert parallel.template is template
+    assert parallel.strategy.num_replicas_in_sync == 4
+    assert parallel.strategy is multigpu.mirrored_strategy(4)
+    for variable in parallel.trainable_variables:
+        assert isinstance(variable.value, tf.distribute.DistributedValues)
+    assert not any(isinstance(v.value, tf.distribute.DistributedValues)
+                   for v in template.weights)
+
+
+@pytest.mark.parametrize("rows, batch_size", [(10, 10), (64, 16), (70, 16),
+                                              (3, 3)])
+def test_training_equals_the_template_on_one_device(rng, rows, batch_size):
+    # 10 rows split 3/3/2/2 over 4 replicas, 70 rows end with a batch of 6,
+    # 3 rows leave one replica empty: still the single-device mathematics.
+    template, parallel, reference = _pair()
+    x, y = data(rng, rows)
+    got = parallel.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False,
+                       verbose=0)
+    want = reference.fit(x, y, batch_size=batch_size, epochs=1,
+                         shuffle=False, verbose=0)
+    assert max_weight_difference(template, reference) < 1e-5
+    np.testing.assert_allclose(got.history["loss"], want.history["loss"],
+                               rtol=1e-5)
+    np.testing.assert_allclose(got.history["mae"], want.history["mae"],
+                               rtol=1e-5)
+
+
+def test_predictions_and_evaluation_match_the_template(rng):
+    template, parallel, reference = _pair()
+    x, y = data(rng, 45)
+    parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    np.testing.assert_allclose(parallel.predict(x, batch_size=10, verbose=0),
+                               template.predict(x, verbose=0), atol=1e-6)
+    template.compile(loss="mse", metrics=["mae"])
+    np.testing.assert_allclose(
+        parallel.evaluate(x, y, batch_size=10, verbose=0),
+        template.evaluate(x, y, batch_size=10, verbose=0), rtol=1e-5)
+
+
+def test_the_template_holds_the_weights_of_every_epoch(rng):
+    template, parallel, reference = _pair()
+    at_epoch_start = []
+    watcher = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: at_epoch_start.append(
+            [w.copy() for w in template.get_weights()]))
+    x, y = data(rng, 32)
+    parallel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                 callbacks=[watcher])
+    reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    # During fit, the template already holds what epoch 0 trained.
+    assert max(np.max(np.abs(a - b)) for a, b in
+               zip(at_epoch_start[1], reference.get_weights())) < 1e-5
+    reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert max_weight_difference(template, reference) < 1e-5
+
+
+def test_changes_to_the_template_reach_the_replicas(rng):
+    template, parallel, _ = _pair()
+    x, _ = data(rng, 8)
+    template.set_weights([np.zeros_like(w) for w in template.get_weights()])
+    np.testing.assert_array_equal(parallel.predict(x, verbose=0), 0)
+    parallel.set_weights([np.ones_like(w) for w in template.get_weights()])
+    np.testing.assert_array_equal(template.get_weights()[0], 1)
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0))
+
+
+def test_saving_writes_the_trained_template(rng, tmp_path):
+    template, parallel, _ = _pair()
+    x, y = data(rng, 32)
+    parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    parallel.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert loaded.name == template.name
+    np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=1e-6)
+    parallel.save_weights(tmp_path / "w.weights.h5")
+    parallel.train_on_batch(x, y)
+    assert max_weight_difference(template, loaded) > 0  # train_on_batch
+    parallel.load_weights(tmp_path / "w.weights.h5")
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               loaded.predict(x, verbose=0), atol=1e-6)
+
+
+def test_checkpoint_callbacks_work_with_the_mirrored_engine(rng, tmp_path):
+    template, parallel, _ = _pair()
+    x, y = data(rng, 32)
+    parallel.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                 callbacks=multigpu.checkpoint_callbacks(tmp_path))
+    restored = keras.models.load_model(tmp_path / "ckpt-2.keras")
+    assert max_weight_difference(template, restored) == 0
+
+
+def test_both_engines_and_two_device_sets_train_in_one_process(rng):
+    x, y = data(rng, 40)
+    losses = []
+    for gpus, engine in ((2, "mirrored"), (4, "replicate"), (3, "mirrored")):
+        parallel = multigpu.multi_gpu_model(mlp(), gpus=gpus, engine=engine)
+        parallel.compile(optimizer="sgd", loss="mse")
+        losses.append(parallel.fit(x, y, batch_size=10, verbose=0)
+                      .history["loss"][0])
+    assert all(np.isfinite(losses))
+
+
+def test_a_sequential_template_and_cpu_relocation(rng):
+    template = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored",
+                                        cpu_relocation=True)
+    assert parallel.template is not template
+    x, _ = data(rng, 6)
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=1e-6)

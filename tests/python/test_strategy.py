@@ -1,0 +1,181 @@
+"""mirrored_strategy: one device resolver, reuse, key ranges, explained errors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multigpu
+from multigpu import strategy as strategy_lib
+from models import data, mlp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN_TIMEOUT = 180
+
+
+def _devices(strategy):
+    return [multigpu.canonical_device_name(d.split("/device:", 1)[-1])
+            for d in strategy.extended.worker_devices]
+
+
+@pytest.mark.parametrize("devices", [None, 2, 3, ["/cpu:1", "/cpu:3"]])
+def test_devices_resolve_like_multi_gpu_model(devices):
+    strategy = multigpu.mirrored_strategy(devices)
+    assert isinstance(strategy, tf.distribute.MirroredStrategy)
+    expected = multigpu.resolve_devices(devices)
+    assert _devices(strategy) == expected
+    assert strategy.num_replicas_in_sync == len(expected)
+
+
+def test_invalid_devices_get_the_resolvers_message():
+    with pytest.raises(ValueError, match=r"`gpus`/`devices` argument: "
+                                         r"received 9"):
+        multigpu.mirrored_strategy(9)
+
+
+def test_invalid_cross_device_ops_are_named():
+    with pytest.raises(ValueError, match=r"`cross_device_ops`: received 'x'"):
+        multigpu.mirrored_strategy(2, cross_device_ops="x")
+    with pytest.raises(TypeError, match=r"`cross_device_ops`.*int"):
+        multigpu.mirrored_strategy(2, cross_device_ops=3)
+
+
+def test_same_devices_give_the_same_strategy_and_others_a_new_key_range():
+    first = multigpu.mirrored_strategy(2)
+    assert multigpu.mirrored_strategy(["/cpu:0", "/cpu:1"]) is first
+    other = multigpu.mirrored_strategy(4)
+    reduced = multigpu.mirrored_strategy(2, cross_device_ops="reduce_to_one")
+    assert len({id(first), id(other), id(reduced)}) == 3
+    bases = {s._collective_key_base for s in (first, other, reduced)}
+    assert len(bases) == 3
+    assert min(bases) >= strategy_lib._KEY_BASE_START
+
+
+def _fit_under(strategy, rng, rows=48):
+    with strategy.scope():
+        model = mlp()
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = data(rng, rows)
+    batches = multigpu.distributed_dataset(x, y, 4, strategy=strategy)
+    history = model.fit(batches, epochs=1, verbose=0)
+    return history.history["loss"][0]
+
+
+def test_strategies_over_different_devices_train_in_one_process(rng):
+    losses = [_fit_under(multigpu.mirrored_strategy(devices), rng)
+              for devices in (2, 4, ["/cpu:2", "/cpu:3"], 2)]
+    assert all(np.isfinite(losses))
+
+
+def test_a_batch_that_does_not_split_evenly_gets_an_actionable_error(rng):
+    strategy = multigpu.mirrored_strategy(3)
+    with strategy.scope():
+        model = mlp()
+        model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(multigpu.StrategyUsageError,
+                       match=r"\[\(6, 8\), \(6, 8\), \(4, 8\)\].*multiple of 3"):
+        model.fit(*data(rng, 32), batch_size=16, verbose=0)
+    assert np.isfinite(_fit_under(strategy, rng, rows=32))  # the fix works
+
+
+def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
+    # In a subprocess: a plain MirroredStrategy owns group key 1, and a
+    # collision would abort every collective of the process.
+    script = textwrap.dedent("""
+        import os, sys
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        sys.path.insert(0, sys.argv[1])
+        import multigpu
+        multigpu.virtual_devices(4)
+        import numpy as np, tensorflow as tf
+        from models import data, mlp
+        x, y = data(np.random.default_rng(0), 32)
+        def fit(strategy):
+            with strategy.scope():
+                model = mlp()
+                model.compile(optimizer="sgd", loss="mse")
+            return model.fit(x, y, batch_size=16, verbose=0).history["loss"][0]
+        fit(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+        print("ours", fit(multigpu.mirrored_strategy(4)))
+        print("ours", fit(multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])))
+    """)
+    result = subprocess.run([sys.executable, "-c", script, HERE],
+                            capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("ours") == 2
+
+
+def test_a_single_device_machine_gets_one_replica():
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, "workers", "single_device.py")],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(l.split("=", 1) for l in result.stdout.split() if "=" in l)
+    assert lines["replicas"] == "1"
+    assert lines["batch"] == "8"
+    assert lines["finite"] == "True"
+
+
+@pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+                    reason="needs a GPU")
+def test_none_uses_every_gpu():
+    gpus = tf.config.list_logical_devices("GPU")
+    assert multigpu.mirrored_strategy().num_replicas_in_sync == len(gpus)
+
+
+def test_a_model_built_outside_the_scope_gets_an_actionable_error(rng):
+    strategy = multigpu.mirrored_strategy(2)
+    model = mlp()  # outside the scope
+    with pytest.raises(multigpu.StrategyUsageError,
+                       match=r"created outside the strategy's scope") as raised:
+        with strategy.scope():
+            model.compile(optimizer="sgd", loss="mse")
+            model.fit(*data(rng, 16), batch_size=8, verbose=0)
+    assert "bare AssertionError" in str(raised.value)
+    assert "engine='mirrored'" in str(raised.value)
+
+
+def test_a_step_outside_strategy_run_gets_an_actionable_error(rng):
+    strategy = multigpu.mirrored_strategy(2)
+    with strategy.scope():
+        model = mlp()
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = data(rng, 16)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+    with pytest.raises(multigpu.StrategyUsageError,
+                       match=r"outside a replica context.*strategy\.run"):
+        with strategy.scope():
+            step(x, y)
+
+
+def test_an_optimizer_built_for_another_model_gets_an_actionable_error(rng):
+    optimizer = keras.optimizers.SGD()
+    optimizer.build(mlp().trainable_variables)
+    strategy = multigpu.mirrored_strategy(2)
+    with pytest.raises(multigpu.StrategyUsageError,
+                       match=r"create a new optimizer"):
+        with strategy.scope():
+            model = mlp()
+            model.compile(optimizer=optimizer, loss="mse")
+            model.fit(*data(rng, 16), batch_size=8, verbose=0)
+
+
+def test_other_errors_pass_through_unchanged():
+    with pytest.raises(KeyError, match="unrelated"):
+        with multigpu.mirrored_strategy(2).scope():
+            raise KeyError("unrelated")
+    assert strategy_lib.explain_error(AssertionError()) is None
