@@ -96,14 +96,6 @@ class DataParallel(keras.layers.Layer):
         self.devices = list(devices)
         self.merge_device = merge_device
         self._output_struct = symbolic_graph(template).output
-        # Empty sub-batches in training would feed NaN batch statistics into
-        # stateful layers such as BatchNormalization; they run in inference.
-        # Random-seed counters (Dropout) are state that empty batches cannot
-        # harm, and guarding them makes TensorFlow log a spurious warning.
-        self._has_state = any(
-            not v.path.endswith("seed_generator_state")
-            for v in template.non_trainable_variables
-        )
 
     def _forward(self, inputs_struct, training, logits_at):
         """The replica function: flat outputs, then the logits Keras kept.
@@ -122,14 +114,21 @@ class DataParallel(keras.layers.Layer):
             logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
             return ys + [logits[i] for i in logits_at]
 
+        def empty(args):
+            # An empty sub-batch runs in inference mode with no gradient:
+            # training mode would feed NaN batch statistics into
+            # BatchNormalization, and some backward kernels (oneDNN's
+            # MaxPoolGrad) abort the process on zero rows.
+            return [tf.stop_gradient(y) for y in run(args, False)]
+
         def forward(*flat):
             args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
-            if not (training is True and self._has_state):
+            if training is not True:
                 return run(args, training)
             return tf.cond(
                 tf.shape(flat[0])[0] > 0,
                 lambda: run(args, True),
-                lambda: run(args, False),
+                lambda: empty(args),
             )
 
         return forward
@@ -314,12 +313,13 @@ class ParallelModel(TemplateSaving, keras.Model):
     def compile(self, *args, jit_compile=False, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
 
-        The template is compiled with the same loss and metrics and shares
-        this model's optimizer (unless it was compiled by the user), so that
-        saved files carry the compile configuration and optimizer state, and
-        `template.evaluate` works after training the parallel model.
-        `jit_compile` is always False: XLA would fuse the replicas into one
-        cluster on one device.
+        The template is (re)compiled with the same loss and metrics and
+        shares this model's optimizer, the one that trains the shared
+        weights: saved files then carry the compile configuration and the
+        optimizer state that training produced (even when the template had
+        been compiled before), and `template.evaluate` works after training
+        the parallel model. `jit_compile` is always False: XLA would fuse
+        the replicas into one cluster on one device.
         """
         if jit_compile is True:
             warnings.warn(
@@ -328,14 +328,11 @@ class ParallelModel(TemplateSaving, keras.Model):
                 UserWarning, stacklevel=2,
             )
         super().compile(*args, jit_compile=False, **kwargs)
-        template = self.template
-        if not template.compiled or getattr(template, "_compiled_by_parallel", 0):
-            arguments = inspect.signature(keras.Model.compile).bind(
-                template, *args, **kwargs).arguments
-            arguments.pop("self")
-            arguments["optimizer"] = self.optimizer
-            template.compile(**arguments)
-            template._compiled_by_parallel = True
+        arguments = inspect.signature(keras.Model.compile).bind(
+            self.template, *args, **kwargs).arguments
+        arguments.pop("self")
+        arguments["optimizer"] = self.optimizer
+        self.template.compile(**arguments)
 
     def get_config(self):
         return {

@@ -109,10 +109,29 @@ def test_compile_shares_the_optimizer_with_the_template(rng):
     assert template.optimizer is parallel.optimizer
 
 
-def test_a_template_compiled_by_the_user_keeps_its_compilation():
+def test_a_template_compiled_before_saves_the_optimizer_that_trained(
+        rng, tmp_path):
+    """make_or_restore_model's build_fn compiles the template first."""
     template = mlp()
     template.compile(optimizer="rmsprop", loss="mae")
-    user_optimizer = template.optimizer
     parallel = multigpu.multi_gpu_model(template, gpus=2)
+    parallel.compile(optimizer="adam", loss="mse")
+    assert template.optimizer is parallel.optimizer
+    parallel.fit(*data(rng, 16), epochs=2, batch_size=8, verbose=0)
+    parallel.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert int(loaded.optimizer.iterations) == 4
+    assert loaded.optimizer.__class__.__name__ == "Adam"
+
+
+def test_cnn_batches_smaller_than_the_replica_count_train(rng):
+    """Empty sub-batches must not reach backward kernels (oneDNN aborts)."""
+    template = keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+        keras.layers.Dropout(0.2), keras.layers.Dense(3)])
+    parallel = multigpu.multi_gpu_model(template, gpus=4)
     parallel.compile(optimizer="sgd", loss="mse")
-    assert template.optimizer is user_optimizer
+    x = rng.random((3, 8, 8, 1)).astype("float32")
+    loss = parallel.train_on_batch(x, rng.random((3, 3)).astype("float32"))
+    assert np.isfinite(loss)
