@@ -419,7 +419,6 @@ class Stages(keras.layers.Layer):
         self.stages = [list(names) for names in stages]
         self.microbatches = int(microbatches)
         self._plan = _Plan(template, self.stages, self.devices)
-        self._has_state = bool(template.non_trainable_variables)
 
     def _plain_forward(self, stage, training):
         """Runs the nodes of one stage: stage inputs -> stage exports."""
@@ -439,20 +438,10 @@ class Stages(keras.layers.Layer):
 
     def _stage_forward(self, stage, training):
         forward = self._plain_forward(stage, training)
-        if not (training is True and self._has_state and self.microbatches > 1):
+        if not (training is True and self.microbatches > 1):
             return forward
-        inference = self._plain_forward(stage, False)
-
-        def guarded(*inputs):
-            # An empty micro-batch would feed NaN batch statistics into
-            # stateful layers (BatchNormalization): it runs in inference.
-            return tf.cond(
-                tf.shape(inputs[0])[0] > 0,
-                lambda: forward(*inputs),
-                lambda: inference(*inputs),
-            )
-
-        return guarded
+        return replicas.forward_only_when_empty(
+            forward, self._plain_forward(stage, False))
 
     def _run(self, flat_inputs, training):
         plan = self._plan

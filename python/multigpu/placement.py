@@ -17,10 +17,12 @@ from tensorflow.python.eager import context
 
 from multigpu import devices as devices_lib
 
-# Nodes that move data or mark function boundaries rather than compute.
+# Nodes that move data, route it through lowered control flow, or mark
+# function boundaries rather than compute.
 PLUMBING_OPS = frozenset({
     "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "NoOp",
     "_Send", "_Recv", "_HostSend", "_HostRecv",
+    "Switch", "Merge", "Identity",
 })
 
 ExecutedNode = collections.namedtuple("ExecutedNode", ["device", "op", "name"])

@@ -77,6 +77,25 @@ def _differentiable_on(device, forward, flat_inputs):
     return replica(*flat_inputs)
 
 
+def forward_only_when_empty(train_fn, inference_fn):
+    """Guards a training function against empty batches.
+
+    Returns a function of the same inputs that runs `train_fn` when the first
+    input has rows, and otherwise `inference_fn` with no gradient: training
+    mode on zero rows feeds NaN batch statistics into BatchNormalization, and
+    some backward kernels (oneDNN's MaxPoolGrad) abort the process.
+    """
+
+    def guarded(*inputs):
+        return tf.cond(
+            tf.shape(inputs[0])[0] > 0,
+            lambda: train_fn(*inputs),
+            lambda: [tf.stop_gradient(y) for y in inference_fn(*inputs)],
+        )
+
+    return guarded
+
+
 class DataParallel(keras.layers.Layer):
     """Runs `template` once per device on a slice of the batch.
 
@@ -114,24 +133,16 @@ class DataParallel(keras.layers.Layer):
             logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
             return ys + [logits[i] for i in logits_at]
 
-        def empty(args):
-            # An empty sub-batch runs in inference mode with no gradient:
-            # training mode would feed NaN batch statistics into
-            # BatchNormalization, and some backward kernels (oneDNN's
-            # MaxPoolGrad) abort the process on zero rows.
-            return [tf.stop_gradient(y) for y in run(args, False)]
+        def forward_in(mode):
+            def forward(*flat):
+                args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
+                return run(args, mode)
 
-        def forward(*flat):
-            args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
-            if training is not True:
-                return run(args, training)
-            return tf.cond(
-                tf.shape(flat[0])[0] > 0,
-                lambda: run(args, True),
-                lambda: empty(args),
-            )
+            return forward
 
-        return forward
+        if training is not True:
+            return forward_in(training)
+        return forward_only_when_empty(forward_in(True), forward_in(False))
 
     def call(self, inputs, training=None):
         flat_inputs = keras.tree.flatten(inputs)
