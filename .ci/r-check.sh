@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds and checks the R package multigpu, and reports its testthat results.
+#
+#   bash .ci/r-check.sh
+#
+# 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
+# 2. R CMD build (runs both vignettes for real).
+# 3. R CMD check --no-manual on the tarball (examples, testthat suite,
+#    vignettes rebuilt); any ERROR or WARNING fails, NOTEs are listed.
+# 4. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
+#    in CI also a skip, fails.
+#
+# Python: RETICULATE_PYTHON defaults to the repository's .venv (make setup);
+# MULTIGPU_CORE to this checkout (install_multigpu()'s tests install it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export RETICULATE_PYTHON="${RETICULATE_PYTHON:-$root/.venv/bin/python}"
+export MULTIGPU_CORE="${MULTIGPU_CORE:-$root}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# The checks' own settings: suggested packages must be installed, and the
+# timing NOTE (which depends on the machine's load) is left out.
+export _R_CHECK_FORCE_SUGGESTS_=true
+export _R_CHECK_SYSTEM_CLOCK_=false
+out="${R_CHECK_DIR:-$root/out/r-check}"
+rm -rf "$out"
+mkdir -p "$out"
+
+if [ ! -x "$RETICULATE_PYTHON" ]; then
+  echo "r-check: no Python at $RETICULATE_PYTHON (run 'make setup' first)" >&2
+  exit 1
+fi
+
+echo "== roxygen2: NAMESPACE and man/ are up to date"
+rm -rf "$out/roxygen" && mkdir -p "$out/roxygen"
+tar --exclude=./.git --exclude=./.venv --exclude=./out --exclude='./*.Rcheck' \
+  -cf - . | tar -xf - -C "$out/roxygen"
+(cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
+if ! diff -r -q "$root/man" "$out/roxygen/man" ||
+   ! diff -q "$root/NAMESPACE" "$out/roxygen/NAMESPACE"; then
+  echo "r-check: NAMESPACE or man/ differ from what roxygen2 generates;" \
+       "run Rscript -e 'roxygen2::roxygenise()'" >&2
+  exit 1
+fi
+
+echo "== R CMD build"
+(cd "$out" && R CMD build "$root")
+tarball=$(ls "$out"/multigpu_*.tar.gz)
+
+echo "== R CMD check --no-manual"
+status=0
+(cd "$out" && R CMD check --no-manual "$tarball") || status=$?
+log="$out/multigpu.Rcheck/00check.log"
+
+echo "== testthat"
+rout="$out/multigpu.Rcheck/tests/testthat.Rout"
+[ -f "$rout" ] || rout="$rout.fail"
+summary=$(grep -E '^\[ FAIL [0-9]+ \| WARN [0-9]+ \| SKIP [0-9]+ \| PASS [0-9]+ \]' "$rout" | tail -n 1 || true)
+if [ -z "$summary" ]; then
+  echo "r-check: no testthat summary in $rout" >&2
+  tail -n 50 "$rout" >&2 || true
+  exit 1
+fi
+read -r failed warned skipped passed < <(echo "$summary" |
+  sed -E 's/^\[ FAIL ([0-9]+) \| WARN ([0-9]+) \| SKIP ([0-9]+) \| PASS ([0-9]+) \]$/\1 \2 \3 \4/')
+if [ "$failed" != 0 ] || [ "$skipped" != 0 ] || [ "$warned" != 0 ]; then
+  sed -n '/══ \(Skipped\|Warnings\|Failed\)/,$p' "$rout" >&2
+fi
+
+echo "== summary"
+grep -E '^Status:' "$log" || true
+grep -E '\.\.\. (NOTE|WARNING|ERROR)$' "$log" || true
+echo "R testthat: $passed passed, $failed failed, $skipped skipped"
+
+if grep -qE '\.\.\. (WARNING|ERROR)$' "$log" || [ "$status" != 0 ]; then
+  echo "r-check: R CMD check found errors or warnings (see $log)" >&2
+  exit 1
+fi
+if [ "$failed" != 0 ]; then exit 1; fi
+if [ -n "${CI:-}" ] && { [ "$skipped" != 0 ] || [ "$warned" != 0 ]; }; then
+  echo "r-check: tests skipped or warned in CI" >&2
+  exit 1
+fi

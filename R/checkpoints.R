@@ -1,0 +1,64 @@
+#' Restore the latest checkpoint, or build a fresh model
+#'
+#' Fault tolerance for long training runs, as in the distributed-training
+#' guide: when `checkpoint_dir` holds models written by
+#' [checkpoint_callbacks()] (`ckpt-<epoch>.keras`), the newest one is loaded,
+#' compiled as it was saved; otherwise `build_fn()` builds and compiles a new
+#' model. Call it inside a strategy's scope (`with(strategy$scope(), ...)`)
+#' so the model's variables are mirrored. A checkpoint that cannot be read
+#' is skipped with a warning (class `multigpu_warning`).
+#'
+#' @param checkpoint_dir Directory of the checkpoints (`~` is expanded).
+#' @param build_fn An R function of no arguments that returns a new,
+#'   compiled Keras model; called when there is nothing to restore.
+#' @returns A compiled Keras model: the newest checkpoint, or `build_fn()`'s.
+#' @family checkpoints
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' build_model <- function() {
+#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                  keras$layers$Dense(1L)))
+#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#' }
+#' checkpoint_dir <- file.path(tempdir(), "ckpt")
+#' strategy <- mirrored_strategy()
+#' with(strategy$scope(), {
+#'   model <- make_or_restore_model(checkpoint_dir, build_model)
+#' })
+#' x <- matrix(runif(400), ncol = 4)
+#' model %>% fit(x, rowSums(x), epochs = 2, verbose = 0,
+#'               callbacks = checkpoint_callbacks(checkpoint_dir))
+#' list.files(checkpoint_dir)
+make_or_restore_model <- function(checkpoint_dir, build_fn) {
+  call_core("make_or_restore_model", as_path(checkpoint_dir),
+            build_fn = build_fn)
+}
+
+#' Callbacks that checkpoint training and resume it after a crash
+#'
+#' Keras's own callbacks, made crash-safe by the Python core (every file is
+#' written under a temporary name and renamed into place):
+#' `BackupAndRestore` keeps the training state (weights, optimizer and the
+#' epoch reached) in `checkpoint_dir/backup`, so running the same `fit()`
+#' again after a failure resumes at the interrupted epoch, and
+#' `ModelCheckpoint` writes full models, `ckpt-<epoch>.keras`, that
+#' [make_or_restore_model()] restores.
+#'
+#' @param checkpoint_dir Directory for the checkpoints, created if missing
+#'   (`~` is expanded).
+#' @param save_freq `"epoch"` to checkpoint after every epoch, or a whole
+#'   number N to checkpoint every N batches (and at every epoch end).
+#' @returns A list of two Keras callbacks, for `fit(callbacks = )`.
+#' @family checkpoints
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' callbacks <- checkpoint_callbacks(file.path(tempdir(), "ckpt"),
+#'                                   save_freq = 100)
+#' length(callbacks)
+checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch") {
+  call_core("checkpoint_callbacks", as_path(checkpoint_dir),
+            save_freq = if (is.numeric(save_freq)) as_count(save_freq) else save_freq)
+}

@@ -1,0 +1,203 @@
+#' Install or update the Python environment multigpu uses
+#'
+#' Creates (or, when it exists, updates) a Python virtual environment with
+#' TensorFlow 2.21, Keras 3.15, the multigpu Python package and the pins
+#' reticulate needs (NumPy < 2 with reticulate < 1.38, with matching
+#' `ml_dtypes` and `h5py`), then reports what is installed. The default
+#' environment, `r-multigpu` in reticulate's virtualenv root, is the one
+#' multigpu finds by itself (see [multigpu_config()]); restart R afterwards
+#' if Python was already running.
+#'
+#' The multigpu Python package is not taken from a package index: `core` is
+#' the multigpu source (the checkout holding `pyproject.toml`, or a wheel).
+#' By default it is found from the `MULTIGPU_CORE` environment variable, or
+#' in the working directory or one of its parents.
+#'
+#' @param envname Name of the virtual environment (in reticulate's
+#'   virtualenv root, `$WORKON_HOME` or `~/.virtualenvs`), or a path to one.
+#' @param core The multigpu Python source: a checkout directory, a wheel
+#'   file, or a pip requirement such as `"multigpu @ file:///path"`. `NULL`
+#'   to find it (see above).
+#' @param python The Python used to create a new environment (3.10 to 3.13);
+#'   `NULL` for `python3` on the `PATH`. Ignored when the environment exists.
+#' @param gpu `TRUE` to install TensorFlow with CUDA (Linux GPUs) instead of
+#'   the CPU build.
+#' @param demo `TRUE` (default) to also install scikit-learn, whose bundled
+#'   digits data the vignettes train on.
+#' @param extra_packages More pip requirements to install, or `NULL`.
+#' @param quiet `TRUE` for pip's quiet mode.
+#' @returns Invisibly, a list: `python` (the environment's Python),
+#'   `created` (`TRUE` when the environment is new), `requirements` (what
+#'   was asked of pip) and `versions` (what is installed now).
+#' @family multigpu environment
+#' @export
+#' @examples
+#' \dontrun{
+#' # From a multigpu checkout: creates ~/.virtualenvs/r-multigpu
+#' multigpu::install_multigpu()
+#' }
+install_multigpu <- function(envname = "r-multigpu", core = NULL,
+                             python = NULL, gpu = FALSE, demo = TRUE,
+                             extra_packages = NULL, quiet = FALSE) {
+  env_dir <- default_env_dir(as_string(envname, null_ok = FALSE))
+  requirements <- install_requirements(
+    find_core_source(core), gpu = isTRUE(as_flag(gpu)),
+    demo = isTRUE(as_flag(demo)), extra_packages = extra_packages
+  )
+  env_python <- venv_python(env_dir)
+  created <- !file.exists(env_python)
+  if (created) {
+    base <- base_python(python)
+    message(sprintf("Creating the virtual environment %s with Python %s (%s)",
+                    env_dir, base$version, base$python))
+    run_command(base$python, c("-m", "venv", env_dir), "create the environment")
+  } else {
+    message(sprintf("Updating the virtual environment %s", env_dir))
+  }
+  message("Installing: ", paste(requirements, collapse = " "))
+  run_command(env_python,
+              c("-m", "pip", "install", if (isTRUE(quiet)) "--quiet",
+                requirements),
+              "install the packages")
+  versions <- probe_python(env_python)
+  problem <- diagnose(env_python, "install_multigpu()", versions)
+  if (!is.null(problem)) {
+    multigpu_abort(paste("The environment was installed but is not usable:",
+                         problem), class = "multigpu_install_error")
+  }
+  message(sprintf(
+    "Done: %s now has Python %s, TensorFlow %s, Keras %s, NumPy %s and multigpu %s.",
+    env_dir, versions[["python"]], versions[["tensorflow"]],
+    versions[["keras"]], versions[["numpy"]], versions[["multigpu"]]
+  ))
+  message(after_install_note(env_python))
+  invisible(list(python = env_python, created = created,
+                 requirements = requirements, versions = versions))
+}
+
+#' The pip requirements install_multigpu() asks for.
+#' @noRd
+install_requirements <- function(core, gpu = FALSE, demo = TRUE,
+                                 extra_packages = NULL,
+                                 reticulate_version = utils::packageVersion("reticulate")) {
+  extras <- c(if (gpu) "gpu" else "cpu", if (demo) "demo")
+  is_local_dir <- dir.exists(core)
+  core_requirement <- if (is_local_dir) {
+    sprintf("%s[%s]", normalizePath(core), paste(extras, collapse = ","))
+  } else {
+    core
+  }
+  tensorflow <- if (gpu) "tensorflow[and-cuda]==2.21.*" else "tensorflow-cpu==2.21.*"
+  numpy <- if (reticulate_version < "1.38") "numpy>=1.26,<2" else "numpy>=1.26"
+  c(tensorflow, "keras==3.15.*", numpy, "ml_dtypes>=0.5.1,<0.6", "h5py<3.15",
+    if (demo) "scikit-learn", core_requirement, extra_packages)
+}
+
+#' Where the multigpu Python source is.
+#' @noRd
+find_core_source <- function(core = NULL, wd = getwd(), call = caller_call()) {
+  if (!is.null(core)) {
+    core <- as_path(core, "core", call = call)
+    requirement <- grepl("@|://", core)
+    looks_like_path <- !requirement &&
+      (grepl("[/\\\\]", core) || grepl("\\.whl$", core))
+    if (looks_like_path && !file.exists(core)) {
+      multigpu_abort(sprintf(
+        "`core` does not exist: %s. Pass the multigpu checkout (the directory holding pyproject.toml), a wheel file, or a pip requirement.",
+        core
+      ), call = call)
+    }
+    if (dir.exists(core) && !is_core_checkout(core)) {
+      multigpu_abort(sprintf(
+        "`core` is a directory without the multigpu pyproject.toml: %s. Pass the multigpu checkout (the directory holding pyproject.toml and python/multigpu).",
+        core
+      ), call = call)
+    }
+    return(core)
+  }
+  variable <- Sys.getenv("MULTIGPU_CORE")
+  if (nzchar(variable)) return(find_core_source(variable, call = call))
+  dir <- normalizePath(wd, mustWork = FALSE)
+  repeat {
+    if (is_core_checkout(dir)) return(dir)
+    parent <- dirname(dir)
+    if (identical(parent, dir)) break
+    dir <- parent
+  }
+  multigpu_abort(paste(
+    "Cannot find the multigpu Python source: `core` is NULL, MULTIGPU_CORE",
+    "is not set, and neither the working directory nor its parents hold the",
+    "multigpu pyproject.toml. Pass core = \"/path/to/multigpu\" (a checkout",
+    "of the repository) or a wheel file, or run install_multigpu() from",
+    "inside the checkout."
+  ), call = call)
+}
+
+is_core_checkout <- function(dir) {
+  pyproject <- file.path(dir, "pyproject.toml")
+  file.exists(pyproject) &&
+    any(grepl("^name\\s*=\\s*\"multigpu\"", readLines(pyproject, warn = FALSE)))
+}
+
+#' The Python that creates a new environment, checked.
+#' @noRd
+base_python <- function(python = NULL, call = caller_call()) {
+  python <- if (is.null(python)) {
+    unname(Sys.which(c("python3", "python")))[nzchar(Sys.which(c("python3", "python")))][1]
+  } else {
+    as_python_executable(as_path(python, "python", call = call))
+  }
+  if (is.na(python) || !file.exists(python)) {
+    multigpu_abort(sprintf(
+      "No Python to create the environment with: %s. Install Python 3.10 to 3.13, or pass python = \"/path/to/python3\".",
+      if (is.na(python)) "python3 is not on the PATH" else paste(python, "does not exist")
+    ), class = "multigpu_install_error", call = call)
+  }
+  versions <- probe_python(python)
+  version <- if (is.null(names(versions))) NA else
+    numeric_version(versions[["python"]], strict = FALSE)
+  if (is.na(version) || version < "3.10" || version >= "3.14") {
+    multigpu_abort(sprintf(
+      "The Python %s is %s; TensorFlow 2.21 needs Python 3.10 to 3.13. Pass python = \"/path/to/python3.11\" (or another supported version).",
+      python, if (is.na(version)) "not runnable" else paste("version", version)
+    ), class = "multigpu_install_error", call = call)
+  }
+  list(python = python, version = versions[["python"]])
+}
+
+run_command <- function(command, args, what, call = caller_call()) {
+  status <- system2(command, shQuote(args), env = python_subprocess_env())
+  if (!identical(as.integer(status), 0L)) {
+    multigpu_abort(sprintf(
+      "Could not %s: `%s %s` exited with status %s (see its output above).",
+      what, command, paste(args, collapse = " "), status
+    ), class = "multigpu_install_error", call = call)
+  }
+  invisible(status)
+}
+
+after_install_note <- function(env_python) {
+  current <- .globals$choice %||% find_python()
+  chosen <- current$python
+  # Compare the environments, not the executables: a virtual environment's
+  # python is a symbolic link to its base Python.
+  same_env <- function(a, b) {
+    identical(normalizePath(dirname(a), mustWork = FALSE),
+              normalizePath(dirname(b), mustWork = FALSE))
+  }
+  if (!is.null(chosen) && same_env(chosen, env_python)) {
+    note <- sprintf("multigpu will use it (chosen by %s).", current$source)
+  } else if (is.null(chosen)) {
+    note <- sprintf(
+      "To use it, set Sys.setenv(MULTIGPU_PYTHON = \"%s\") before library(multigpu).",
+      env_python)
+  } else {
+    note <- sprintf(
+      "Note: %s chooses %s first; to use this environment, set Sys.setenv(MULTIGPU_PYTHON = \"%s\") (and unset RETICULATE_PYTHON) before library(multigpu).",
+      current$source, chosen, env_python)
+  }
+  if (reticulate::py_available(initialize = FALSE)) {
+    note <- paste(note, "Python is already running in this R session: restart R first.")
+  }
+  note
+}

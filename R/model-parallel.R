@@ -1,0 +1,193 @@
+#' Partitions one model across devices (model parallelism)
+#'
+#' When one copy of a model does not fit on one device, [multi_gpu_model()]
+#' cannot help: it copies the whole model onto every device.
+#' `model_parallel()` cuts the model instead. Its layers are split into
+#' consecutive stages, one per device; each stage's weights are created on
+#' its device, its forward and backward pass run there, and activations
+#' move from stage to stage. Outputs and training steps are those of
+#' `model`.
+#'
+#' @section How `split` is read:
+#' * `NULL`: stages are chosen so that the bytes of the weights are as even
+#'   as possible between devices.
+#' * A character vector, e.g. `split = c("dense_2", "dense_4")`: the layers
+#'   where stages 2, 3, ... start, in the order of `model$layers`.
+#' * A numeric vector: the same, as positions in `model$layers`, counted
+#'   from 1 as usual in R.
+#' * A list of character vectors, one per stage, e.g.
+#'   `list(c("left_a", "left_b"), c("right", "merge", "head"))`: the layers
+#'   of each stage, e.g. to put two branches on two devices.
+#'
+#' A stage may only read the outputs of its own or earlier stages; a split
+#' that breaks this, or that cuts inside a nested model or across a Keras
+#' mask, is rejected with the reason.
+#'
+#' @section Pipelining:
+#' With `microbatches = k`, every batch runs as `k` micro-batches that flow
+#' through the stages one after the other (GPipe), so a stage can work on
+#' one micro-batch while the next stage works on the previous one. The
+#' gradients are summed over the micro-batches and the optimizer steps once
+#' per batch: results equal `microbatches = 1` (layers using batch
+#' statistics, such as batch normalisation, see micro-batches).
+#'
+#' @section Model saving:
+#' `model` itself is copied, not moved: the returned model's `$template` is
+#' that copy, with its weights on the stage devices, and it holds the
+#' trained weights. `save_model_hdf5()`, `save_model_weights_hdf5()` and
+#' `load_model_weights_hdf5()` given the returned model act on the template,
+#' and the file is a plain Keras model that loads on any machine.
+#'
+#' @param model A Keras model (Sequential or functional, built with an
+#'   input layer).
+#' @param devices `NULL` for every GPU (without GPUs, every logical CPU
+#'   device; with `split` given, one device per stage of `split`), one
+#'   number >= 2 for that many devices, two or more GPU ids, or device
+#'   names, as for `gpus` of [multi_gpu_model()]. One stage per device.
+#' @param split `NULL` to balance the weights between the devices, or where
+#'   to cut: see "How `split` is read".
+#' @param microbatches The number of micro-batches each batch is pipelined
+#'   as; 1 (default) for no pipelining.
+#' @returns A Keras model (a Python `PartitionedModel`) used just like
+#'   `model`: [compile()][compile.keras.src.trainers.trainer.Trainer],
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer],
+#'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
+#'   [predict()][predict.keras.src.trainers.trainer.Trainer]. It has
+#'   `$template`, `$devices`, `$stages` (the layer names of each stage) and
+#'   `$stage_table()`.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)   # first thing: simulate 2 devices on the CPU
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(
+#'   keras$Input(shape = list(4L)),
+#'   keras$layers$Dense(16L, activation = "relu", name = "encode"),
+#'   keras$layers$Dense(16L, activation = "relu", name = "transform"),
+#'   keras$layers$Dense(1L, name = "score")
+#' ))
+#' partitioned <- model %>% model_parallel(devices = 2, split = "transform")
+#' partitioned$stages   # list(c("encode"), c("transform", "score"))
+#' partitioned %>% compile(loss = "mse", optimizer = "adam")
+#' x <- matrix(runif(256), ncol = 4)
+#' history <- partitioned %>% fit(x, rowSums(x), epochs = 2, verbose = 0)
+#' placement_report(partitioned, x[1:32, ], rowSums(x[1:32, ]))
+model_parallel <- function(model, devices = NULL, split = NULL,
+                           microbatches = 1) {
+  call_core("model_parallel", check_model(model),
+            devices = as_device_list(devices),
+            split = as_split(split),
+            microbatches = as_count(microbatches, null_ok = FALSE))
+}
+
+#' Where a model's weights live and where its work runs
+#'
+#' Answers "am I using all my GPUs?" in one call, from what TensorFlow did
+#' rather than what was asked for, for any model: one returned by
+#' [multi_gpu_model()] or [model_parallel()], one built under
+#' [mirrored_strategy()] (a mirrored weight counts once on every device that
+#' holds a copy), or a plain Keras model.
+#'
+#' Weights are read from where the variables live. With `x`, one step runs
+#' on that batch, a prediction step, or a training step when `y` is given
+#' (the model must be compiled); the ops each device executed are read from
+#' the graphs TensorFlow ran, and the time share from the TensorFlow
+#' profiler's trace. The weights, optimizer and metrics are restored
+#' afterwards: the report does not train the model.
+#'
+#' @param model A Keras model.
+#' @param x `NULL` for weights only, or the inputs of one batch.
+#' @param y `NULL` for a prediction step, or the targets of that batch for
+#'   a training step.
+#' @param print_table `TRUE` to print the report as a table, with notes on
+#'   what was measured.
+#' @returns A data frame with one row per device of the machine (idle ones
+#'   included): `device`, `variables` (count), `variable_bytes`, `ops` (ops
+#'   executed in the step, without transfers and function boundaries; `NA`
+#'   without `x`) and `time_share` (share of the step's kernel time; `NA`
+#'   when unknown). Attribute `notes` explains the columns. Returned
+#'   invisibly when printed.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(8L),
+#'                                keras$layers$Dense(1L)))
+#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' x <- matrix(runif(64), ncol = 4)
+#' report <- placement_report(parallel_model, x)
+#' report[report$ops == 0, "device"]   # idle devices
+placement_report <- function(model, x = NULL, y = NULL, print_table = TRUE) {
+  check_model(model)
+  print_table <- as_flag(print_table)
+  dtype <- input_dtype(model)
+  report <- call_core("placement_report", model,
+                      x = as_model_data(x, dtype), y = as_model_data(y, dtype),
+                      print_table = FALSE)
+  rows <- reticulate::import_builtins()$list(report)
+  number <- function(key, as) {
+    vapply(rows, function(row) {
+      value <- row[[key]]
+      if (is.null(value)) as(NA) else as(value)
+    }, as(0))
+  }
+  frame <- data.frame(
+    device = vapply(rows, function(row) row[["device"]], ""),
+    variables = number("variables", as.integer),
+    variable_bytes = number("variable_bytes", as.double),
+    ops = number("ops", as.integer),
+    time_share = number("time_share", as.double),
+    stringsAsFactors = FALSE
+  )
+  attr(frame, "notes") <- unlist(report$notes)
+  if (isTRUE(print_table)) {
+    cat(report$table(), "\n", sep = "")
+    return(invisible(frame))
+  }
+  frame
+}
+
+#' Coerce `split` of model_parallel(): names stay names, R positions
+#' (1-based) become Python indices, a list becomes one list of layers per
+#' stage.
+#' @noRd
+as_split <- function(x, arg = "split", call = caller_call()) {
+  if (is.null(x) || inherits(x, "python.builtin.object")) return(x)
+  if (is.factor(x)) x <- as.character(x)
+  if (is.list(x)) {
+    return(lapply(unname(x), function(group) {
+      as.list(as_split_entries(group, arg, call))
+    }))
+  }
+  as.list(as_split_entries(x, arg, call))
+}
+
+as_split_entries <- function(x, arg, call) {
+  if (is.factor(x)) x <- as.character(x)
+  if (is.character(x)) {
+    if (anyNA(x) || !all(nzchar(x))) {
+      multigpu_abort(sprintf(
+        "`%s` contains NA or an empty name: received %s. Use layer names such as c(\"dense_2\").",
+        arg, describe(x)
+      ), call = call)
+    }
+    return(unname(x))
+  }
+  if (is.numeric(x)) {
+    problem <- count_problem(x)
+    if (is.null(problem) && any(x < 1)) problem <- "is not a position >= 1"
+    if (!is.null(problem)) {
+      multigpu_abort(sprintf(
+        "`%s` %s: received %s. Use positions in model$layers counted from 1 (e.g. %s = 3) or layer names.",
+        arg, problem, describe(x), arg
+      ), call = call)
+    }
+    return(as.integer(unname(x)) - 1L)
+  }
+  multigpu_abort(sprintf(
+    "`%s` must be layer names, positions in model$layers, or a list of them (one per stage), not %s.",
+    arg, describe(x)
+  ), class = "multigpu_type_error", call = call)
+}

@@ -1,0 +1,90 @@
+#' Replicates a model on different GPUs
+#'
+#' Single-machine data parallelism: every batch is divided into one sub-batch
+#' per device, a replica of `model` runs on each device (forward and backward
+#' pass), and the outputs are concatenated into one batch. With a batch of 64
+#' and `gpus = 2`, each device processes 32 samples. The replicas share the
+#' template's weights, so training the returned model trains `model`.
+#'
+#' On a machine without GPUs the replicas run on logical CPU devices: call
+#' [virtual_devices()] right after `library(multigpu)` to simulate several.
+#'
+#' @section How `gpus` is read:
+#' * `NULL`: every GPU; without GPUs, every logical CPU device (with a
+#'   one-time warning).
+#' * One number, e.g. `gpus = 2`: that many devices.
+#' * A numeric vector of two or more, e.g. `gpus = c(0, 1)`: GPU *ids*.
+#' * A character vector, e.g. `gpus = c("/gpu:0", "/gpu:1")` or
+#'   `c("/cpu:0", "/cpu:1")`: device names.
+#' * A list, e.g. `list(0, 2)` or `list("/cpu:0", "/cpu:1")`: always ids or
+#'   names, whatever its length.
+#'
+#' Numbers are sent to Python as integers. `NA`, `NaN`, negative and
+#' non-whole numbers are rejected in R; the Python core judges everything
+#' else (a count below 2, ids or names this machine does not have) and its
+#' message says what the machine has.
+#'
+#' **The `gpus = c(3)` trap.** R has no scalars: `c(3)` *is* `3`. The
+#' original R wrapper therefore read `gpus = c(3)`, meant as "the GPU with
+#' id 3", as "three GPUs", and so does this one: one number is always a
+#' count. To name devices use two or more ids (`c(2, 3)`), a list
+#' (`list(3)`, which the core rejects because one device is not data
+#' parallelism), or device names.
+#'
+#' @section Model saving:
+#' `save_model_hdf5()`, `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
+#' (and Keras checkpoint callbacks) act on the template model when given the
+#' returned model, so saving either one writes the same file: a plain Keras
+#' model that loads on any machine, with or without multigpu. With
+#' `cpu_relocation = TRUE` the template is a CPU copy of `model`: save the
+#' returned model (or `parallel_model$template`), not `model`.
+#'
+#' @param model A Keras model (Sequential or functional, built with an
+#'   input layer), the "template". To keep its weights in host memory, build
+#'   it under `with(tf$device("/cpu:0"), { ... })`.
+#' @param gpus `NULL` to use all available GPUs (default); one number >= 2
+#'   for that many devices; a vector of two or more GPU ids; or device
+#'   names. See "How `gpus` is read".
+#' @param cpu_merge `TRUE` (default) to slice batches and concatenate the
+#'   outputs on the CPU; `FALSE` to do it on the first device (for GPUs
+#'   joined by NVLink).
+#' @param cpu_relocation `TRUE` to rebuild the model's weights on the CPU
+#'   (keeping their values), for a model that was not built under a CPU
+#'   device scope.
+#' @param engine `NULL` for the Python default, `"replicate"` (slice each
+#'   batch between replicas of the template, as described above), or
+#'   `"mirrored"` (train a copy of the template under a mirrored strategy,
+#'   copying the weights back to the template).
+#' @returns A Keras model (a Python `ParallelModel`) used just like `model`:
+#'   [compile()][compile.keras.src.trainers.trainer.Trainer],
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer],
+#'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
+#'   [predict()][predict.keras.src.trainers.trainer.Trainer]. It has
+#'   `$template` (the model whose weights the replicas share), `$devices`
+#'   and `$batch_split(batch_size)`.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)   # first thing: simulate 2 devices on the CPU
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(
+#'   keras$Input(shape = list(4L)),
+#'   keras$layers$Dense(8L, activation = "relu"),
+#'   keras$layers$Dense(1L)
+#' ))
+#' parallel_model <- model %>% multi_gpu_model(gpus = 2)
+#' parallel_model$devices
+#' parallel_model$batch_split(64)   # 32 rows per device
+#' parallel_model %>% compile(loss = "mse", optimizer = "rmsprop")
+#' x <- matrix(runif(256), ncol = 4)
+#' history <- parallel_model %>% fit(x, rowSums(x), epochs = 2, verbose = 0)
+#' history
+multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
+                            cpu_relocation = FALSE, engine = NULL) {
+  call_core("multi_gpu_model", check_model(model),
+            gpus = as_device_list(gpus),
+            cpu_merge = as_flag(cpu_merge),
+            cpu_relocation = as_flag(cpu_relocation),
+            engine = as_string(engine),
+            .optional = "engine")
+}

@@ -1,0 +1,62 @@
+#' multigpu: multi-device Keras training in one call
+#'
+#' An R interface to the multigpu Python package, which brings Keras's
+#' `multi_gpu_model()` back for TensorFlow 2.21 and Keras 3 and adds
+#' mirrored-strategy helpers.
+#'
+#' * Data parallelism in one call: [multi_gpu_model()].
+#' * Simulated devices on a machine without GPUs: [virtual_devices()]
+#'   (call it right after `library(multigpu)`), [available_devices()].
+#' * Mirrored strategies and their helpers: [mirrored_strategy()],
+#'   [distributed_dataset()], [make_or_restore_model()],
+#'   [checkpoint_callbacks()].
+#' * Training without the keras3 package: [compile()][compile.keras.src.trainers.trainer.Trainer],
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer],
+#'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
+#'   [predict()][predict.keras.src.trainers.trainer.Trainer], and
+#'   [plot()][plot.multigpu_training_history] of the training history.
+#' * Saving: [save_model_hdf5()], [save_model_weights_hdf5()],
+#'   [load_model_hdf5()], [load_model_weights_hdf5()].
+#' * The Python side: [install_multigpu()], [multigpu_config()],
+#'   [multigpu-conditions].
+#'
+#' Every decision is made by the Python core; R coerces arguments (numbers
+#' to integers, vectors to lists), calls, and turns Python exceptions into
+#' classed R conditions.
+#'
+#' @keywords internal
+"_PACKAGE"
+
+#' @importFrom magrittr %>%
+#' @export
+magrittr::`%>%`
+
+#' @importFrom generics compile
+#' @export
+generics::compile
+
+#' @importFrom generics fit
+#' @export
+generics::fit
+
+#' @importFrom generics evaluate
+#' @export
+generics::evaluate
+
+#' @importFrom stats predict
+NULL
+
+.globals <- new.env(parent = emptyenv())
+.globals$status <- list()
+
+.onLoad <- function(libname, pkgname) {
+  # TensorFlow's C++ start-up messages: errors only, unless the user chose.
+  if (is.na(Sys.getenv("TF_CPP_MIN_LOG_LEVEL", unset = NA))) {
+    Sys.setenv(TF_CPP_MIN_LOG_LEVEL = "2")
+  }
+  select_python()
+  # Neither import starts Python: virtual_devices() must be able to run
+  # before TensorFlow initialises its devices.
+  .globals$core <- reticulate::import("multigpu", delay_load = TRUE)
+  .globals$keras <- reticulate::import("keras", delay_load = TRUE)
+}

@@ -1,0 +1,93 @@
+#' A mirrored strategy over several devices
+#'
+#' Synchronous data parallelism with `tf.distribute`: the model's variables
+#' are mirrored on every device and kept in sync after each batch. Create
+#' (and compile) the model inside the strategy's scope, then train as usual:
+#'
+#' ```r
+#' strategy <- mirrored_strategy()
+#' with(strategy$scope(), {
+#'   model <- build_model()
+#'   model |> compile(loss = "mse", optimizer = "adam")
+#' })
+#' model |> fit(dataset, epochs = 2)
+#' ```
+#'
+#' `devices` is read exactly like `gpus` in [multi_gpu_model()] (one
+#' number is a count, two or more numbers are GPU ids, strings are device
+#' names), and resolved by the same Python resolver. Asking again for the
+#' same devices returns the same strategy.
+#'
+#' @param devices `NULL` for every GPU (every logical CPU device on a machine
+#'   without GPU, see [virtual_devices()]), one number >= 2, a vector of GPU
+#'   ids, or device names such as `c("/cpu:0", "/cpu:1")`.
+#' @param cross_device_ops How gradients are all-reduced: `NULL` (TensorFlow
+#'   chooses), `"nccl"`, `"hierarchical_copy"`, `"reduce_to_one"`, or a
+#'   `tf$distribute$CrossDeviceOps` object.
+#' @returns A `tf$distribute$MirroredStrategy` (a Python object): use
+#'   `strategy$scope()` with [with()], and `strategy$num_replicas_in_sync`.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' strategy <- mirrored_strategy()
+#' strategy$num_replicas_in_sync
+#' keras <- reticulate::import("keras")
+#' with(strategy$scope(), {
+#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                  keras$layers$Dense(1L)))
+#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#' })
+mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
+  call_core("mirrored_strategy",
+            devices = as_device_list(devices),
+            cross_device_ops = cross_device_ops)
+}
+
+#' Train under a strategy with `strategy$run()`
+#'
+#' A `fit()` for any strategy: each step runs the model's compiled training
+#' step on every replica's share of the global batch, and the gradients are
+#' all-reduced. Under [mirrored_strategy()] `fit()` does the same; use
+#' `fit_distributed()` where Keras's `fit()` cannot run, such as a
+#' multi-worker strategy.
+#'
+#' @param object A Keras model built and compiled under the strategy's
+#'   scope.
+#' @param dataset A dataset batched at the global batch size, as from
+#'   [distributed_dataset()].
+#' @param epochs The epoch to stop after, a whole number.
+#' @param strategy The strategy; `NULL` for the one the model was built
+#'   under.
+#' @param verbose `"auto"`, `0`, `1` or `2`, as in
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer].
+#' @param callbacks A list of Keras callbacks, such as
+#'   [checkpoint_callbacks()].
+#' @param initial_epoch The epoch to start at, 1-based.
+#' @returns A training history, as from
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer], invisibly.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' strategy <- mirrored_strategy()
+#' with(strategy$scope(), {
+#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                  keras$layers$Dense(1L)))
+#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#' })
+#' x <- matrix(runif(400), ncol = 4)
+#' data <- distributed_dataset(x, rowSums(x), per_replica_batch_size = 25,
+#'                             strategy = strategy)
+#' model %>% fit_distributed(data, epochs = 2, verbose = 0)
+fit_distributed <- function(object, dataset, epochs = 1L, strategy = NULL,
+                            verbose = "auto", callbacks = NULL,
+                            initial_epoch = 1L) {
+  history <- call_core("fit_distributed", check_model(object), dataset,
+                       epochs = as_count(epochs, null_ok = FALSE),
+                       strategy = strategy, verbose = as_verbose(verbose),
+                       callbacks = as_callbacks(callbacks),
+                       initial_epoch = as_epoch_index(initial_epoch))
+  invisible(as_training_history(history))
+}

@@ -1,0 +1,437 @@
+# compile(), fit(), evaluate() and predict() for Keras models, without the
+# keras3 package. The methods are registered for the Python class
+# `keras.src.trainers.trainer.Trainer`, which comes *after*
+# `keras.src.models.model.Model` in a model's class vector: when keras3 is
+# loaded, its methods (registered for `Model`) are found first and used, and
+# these serve only when it is not. Nothing is overwritten either way.
+
+trainer_class <- "keras.src.trainers.trainer.Trainer"
+
+#' Configure a model for training
+#'
+#' The `compile()` of the generics package, for Keras models (including
+#' those from [multi_gpu_model()]) when the keras3 package is not in use.
+#' The model is modified in place.
+#'
+#' @param object A Keras model.
+#' @param optimizer An optimizer name such as `"rmsprop"` or `"adam"`, or a
+#'   Keras optimizer object.
+#' @param loss A loss name such as `"sparse_categorical_crossentropy"`, a
+#'   loss object, or a named list with one per output.
+#' @param metrics A character vector or list of metrics (names or objects);
+#'   one name is sent as a list, as Keras requires. A named list gives
+#'   metrics per output.
+#' @param ... Further arguments of Keras `compile()`, such as
+#'   `loss_weights`, `weighted_metrics` or `run_eagerly`.
+#' @param steps_per_execution Batches per compiled call, a whole number, or
+#'   `NULL` for the Keras default.
+#' @param jit_compile `NULL` for the Keras default, or `TRUE`/`FALSE`. (A
+#'   model from [multi_gpu_model()] always runs without XLA, which would
+#'   fuse its replicas onto one device.)
+#' @returns `object`, invisibly.
+#' @family model training
+#' @method compile keras.src.trainers.trainer.Trainer
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(3L)))
+#' model %>% compile(optimizer = "adam",
+#'                   loss = "sparse_categorical_crossentropy",
+#'                   metrics = "accuracy")
+compile.keras.src.trainers.trainer.Trainer <- function(
+    object, optimizer = "rmsprop", loss = NULL, metrics = NULL, ...,
+    steps_per_execution = NULL, jit_compile = NULL) {
+  args <- list(optimizer = optimizer, loss = loss,
+               metrics = as_py_list(metrics), ...,
+               steps_per_execution = as_count(steps_per_execution),
+               jit_compile = as_flag(jit_compile))
+  call_method(object, "compile", args,
+              optional = c("steps_per_execution", "jit_compile"))
+  invisible(object)
+}
+
+#' Train a model
+#'
+#' The `fit()` of the generics package, for Keras models (including those
+#' from [multi_gpu_model()] and models created under a
+#' [mirrored_strategy()]) when the keras3 package is not in use. Arguments
+#' are coerced the R way: whole numbers such as `epochs = 5` become
+#' integers, R double arrays become float32 arrays, factors become 0-based
+#' class codes, and `validation_data = list(x_val, y_val)` becomes the tuple
+#' Keras expects.
+#'
+#' @param object A Keras model, compiled.
+#' @param x Inputs: an R array or matrix (samples first), a list of arrays
+#'   (several inputs), a `tf$data$Dataset` such as one from
+#'   [distributed_dataset()], or another Python object Keras accepts.
+#' @param y Targets, like `x`; `NULL` when `x` is a dataset.
+#' @param ... Further arguments of Keras `fit()`.
+#' @param batch_size Samples per step (the *global* batch, split between the
+#'   devices), a whole number; `NULL` for 32, or for datasets.
+#' @param epochs Number of epochs to train, a whole number.
+#' @param verbose `"auto"` (1, or 2 while knitr renders a document), `0`
+#'   (silent), `1` (progress bar) or `2` (one line per epoch); `TRUE` and
+#'   `FALSE` mean 1 and 0. The default comes from
+#'   `getOption("keras.verbose")`, as in keras3.
+#' @param callbacks A list of Keras callbacks (or one callback), such as
+#'   those from [checkpoint_callbacks()].
+#' @param validation_split Fraction of the training data held out for
+#'   validation.
+#' @param validation_data `list(x_val, y_val)` or a dataset to validate on
+#'   after each epoch.
+#' @param shuffle `TRUE` to shuffle the training data before each epoch
+#'   (arrays only: shuffle a dataset when building it, e.g.
+#'   `distributed_dataset(shuffle = TRUE)`).
+#' @param class_weight A named list or vector of weights, named by 0-based
+#'   class index, e.g. `c("0" = 1, "1" = 5)`.
+#' @param sample_weight Weights of the training samples.
+#' @param initial_epoch The epoch to start at, 1-based as in keras3 (use it
+#'   to resume a run: `epochs` is the epoch to stop after).
+#' @param steps_per_epoch,validation_steps,validation_batch_size,validation_freq
+#'   Whole numbers, or `NULL` for the Keras default.
+#' @returns A training history (class `multigpu_training_history`, also
+#'   `keras_training_history`), invisibly: `$metrics` holds one numeric
+#'   vector per metric (`loss`, `val_loss`, ...), `$epochs` the epoch
+#'   numbers and `$params` what Keras reported. It prints as a table and has
+#'   [plot()][plot.multigpu_training_history] and `as.data.frame()` methods.
+#' @family model training
+#' @method fit keras.src.trainers.trainer.Trainer
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(3L)))
+#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' parallel_model %>% compile(loss = "sparse_categorical_crossentropy",
+#'                            metrics = "accuracy")
+#' x <- as.matrix(iris[, 1:4])
+#' history <- parallel_model %>%
+#'   fit(x, iris$Species, epochs = 3, batch_size = 32, verbose = 0,
+#'       validation_split = 0.2)
+#' history
+#' plot(history)
+fit.keras.src.trainers.trainer.Trainer <- function(
+    object, x = NULL, y = NULL, ..., batch_size = NULL, epochs = 1L,
+    verbose = getOption("keras.verbose", default = "auto"), callbacks = NULL,
+    validation_split = 0, validation_data = NULL, shuffle = TRUE,
+    class_weight = NULL, sample_weight = NULL, initial_epoch = 1L,
+    steps_per_epoch = NULL, validation_steps = NULL,
+    validation_batch_size = NULL, validation_freq = 1L) {
+  dtype <- input_dtype(object)
+  args <- list(
+    x = as_model_data(x, dtype), y = as_model_data(y, dtype), ...,
+    batch_size = as_count(batch_size),
+    epochs = as_count(epochs, null_ok = FALSE),
+    verbose = as_verbose(verbose),
+    callbacks = as_callbacks(callbacks),
+    validation_split = as_fraction(validation_split),
+    validation_data = as_validation_data(validation_data, dtype),
+    # Keras ignores `shuffle` for a dataset (shuffle it when building it)
+    # and warns about its default TRUE; unless asked, send FALSE.
+    shuffle = if (missing(shuffle) && is_dataset(x)) FALSE else as_flag(shuffle),
+    class_weight = as_class_weight(class_weight),
+    sample_weight = as_model_data(sample_weight, dtype),
+    initial_epoch = as_epoch_index(initial_epoch),
+    steps_per_epoch = as_count(steps_per_epoch),
+    validation_steps = as_count(validation_steps),
+    validation_batch_size = as_count(validation_batch_size),
+    validation_freq = as_count(validation_freq, null_ok = FALSE)
+  )
+  history <- call_method(object, "fit", args)
+  invisible(as_training_history(history))
+}
+
+#' Evaluate a model
+#'
+#' The `evaluate()` of the generics package, for Keras models when the
+#' keras3 package is not in use. That generic names its first argument `x`,
+#' so here `x` is the model and the test inputs come next: pass them by
+#' position, `model %>% evaluate(x_test, y_test)`, or as `data =`.
+#'
+#' @param x A Keras model, compiled.
+#' @param data Test inputs: an R array, a list of arrays, or a dataset.
+#' @param y Test targets, like `data`; `NULL` when `data` is a dataset.
+#' @param ... Further arguments of Keras `evaluate()`.
+#' @param batch_size Samples per step, a whole number, or `NULL`.
+#' @param verbose As in [fit()][fit.keras.src.trainers.trainer.Trainer].
+#' @param sample_weight Weights of the test samples.
+#' @param steps Number of batches to evaluate, or `NULL` for all.
+#' @param callbacks A list of Keras callbacks.
+#' @returns A named list: the loss and every metric, e.g.
+#'   `list(loss = 0.12, accuracy = 0.97)`.
+#' @family model training
+#' @method evaluate keras.src.trainers.trainer.Trainer
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(1L)))
+#' model %>% compile(loss = "mse", metrics = "mae")
+#' x <- matrix(runif(64), ncol = 4)
+#' model %>% evaluate(x, rowSums(x), verbose = 0)
+evaluate.keras.src.trainers.trainer.Trainer <- function(
+    x, data = NULL, y = NULL, ..., batch_size = NULL,
+    verbose = getOption("keras.verbose", default = "auto"),
+    sample_weight = NULL, steps = NULL, callbacks = NULL) {
+  dtype <- input_dtype(x)
+  args <- list(
+    x = as_model_data(data, dtype), y = as_model_data(y, dtype), ...,
+    batch_size = as_count(batch_size), verbose = as_verbose(verbose),
+    sample_weight = as_model_data(sample_weight, dtype),
+    steps = as_count(steps), callbacks = as_callbacks(callbacks),
+    return_dict = TRUE
+  )
+  call_method(x, "evaluate", args)
+}
+
+#' Predict with a model
+#'
+#' The `predict()` of the stats package, for Keras models when the keras3
+#' package is not in use.
+#'
+#' @param object A Keras model.
+#' @param x Inputs: an R array, a list of arrays, or a dataset.
+#' @param ... Further arguments of Keras `predict()`.
+#' @param batch_size Samples per step, a whole number, or `NULL`.
+#' @param verbose As in [fit()][fit.keras.src.trainers.trainer.Trainer].
+#' @param steps Number of batches to predict, or `NULL` for all.
+#' @param callbacks A list of Keras callbacks.
+#' @returns An R array of predictions (samples first), or a list of arrays
+#'   for a model with several outputs.
+#' @family model training
+#' @method predict keras.src.trainers.trainer.Trainer
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(2L)))
+#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' parallel_model %>% predict(matrix(runif(20), ncol = 4), verbose = 0)
+predict.keras.src.trainers.trainer.Trainer <- function(
+    object, x, ..., batch_size = NULL,
+    verbose = getOption("keras.verbose", default = "auto"), steps = NULL,
+    callbacks = NULL) {
+  args <- list(
+    x = as_model_data(x, input_dtype(object)), ...,
+    batch_size = as_count(batch_size), verbose = as_verbose(verbose),
+    steps = as_count(steps), callbacks = as_callbacks(callbacks)
+  )
+  call_method(object, "predict", args)
+}
+
+# ---- helpers ----
+
+#' Call a method of a Python object with errors and warnings translated.
+#' @noRd
+call_method <- function(object, method, args, optional = character(),
+                        call = caller_call()) {
+  check_model(object, "object", call = call)
+  drop <- names(args) %in% optional & vapply(args, is.null, logical(1))
+  with_python(do.call(object[[method]], args[!drop]), call = call)
+}
+
+#' The float dtype a model's inputs are cast to.
+#' @noRd
+input_dtype <- function(object) {
+  dtype <- tryCatch(object$input_dtype, error = function(e) NULL)
+  if (is.character(dtype) && length(dtype) == 1L) dtype else "float32"
+}
+
+is_dataset <- function(x) {
+  inherits(x, "tensorflow.python.data.ops.dataset_ops.DatasetV2")
+}
+
+as_callbacks <- function(callbacks) {
+  if (inherits(callbacks, "python.builtin.object")) return(list(callbacks))
+  callbacks
+}
+
+as_validation_data <- function(data, dtype) {
+  if (is.list(data) && !inherits(data, "python.builtin.object")) {
+    return(do.call(reticulate::tuple, unname(as_model_data(data, dtype))))
+  }
+  data
+}
+
+as_class_weight <- function(class_weight, arg = "class_weight",
+                            call = caller_call()) {
+  if (is.null(class_weight) || inherits(class_weight, "python.builtin.object")) {
+    return(class_weight)
+  }
+  ids <- suppressWarnings(as.numeric(names(class_weight)))
+  if (is.null(names(class_weight)) || anyNA(ids)) {
+    multigpu_abort(sprintf(
+      "`%s` must be named by 0-based class index, e.g. c(\"0\" = 1, \"1\" = 5); received %s.",
+      arg, describe(class_weight)
+    ), call = call)
+  }
+  reticulate::py_dict(as.list(as.integer(ids)),
+                      as.list(as.numeric(unlist(class_weight))))
+}
+
+as_fraction <- function(x, arg = deparse(substitute(x)), call = caller_call()) {
+  if (!is.numeric(x) || length(x) != 1L || is.na(x) || x < 0 || x >= 1) {
+    multigpu_abort(sprintf(
+      "`%s` must be a fraction in [0, 1), not %s.", arg, describe(x)
+    ), call = call)
+  }
+  as.double(x)
+}
+
+as_epoch_index <- function(x, arg = "initial_epoch", call = caller_call()) {
+  epoch <- as_count(x, arg, null_ok = FALSE, call = call)
+  if (epoch < 1L) {
+    multigpu_abort(sprintf(
+      "`%s` counts from 1 (the first epoch), as in keras3: received %s.",
+      arg, describe(x)
+    ), call = call)
+  }
+  epoch - 1L
+}
+
+# ---- training history ----
+
+#' The R form of a Keras `History`: one numeric vector per metric.
+#' @noRd
+as_training_history <- function(history) {
+  metrics <- lapply(history$history, function(values) {
+    as.numeric(unlist(values))
+  })
+  structure(
+    list(params = history$params, metrics = metrics,
+         epochs = as.integer(unlist(history$epoch)) + 1L),
+    class = c("multigpu_training_history", "keras_training_history")
+  )
+}
+
+# Metric names in reading order: loss first, then the other training
+# metrics, then their validation counterparts.
+metric_order <- function(names) {
+  validation <- grepl("^val_", names)
+  base <- sub("^val_", "", names)
+  names[order(validation, base != "loss")]
+}
+
+history_table <- function(x) {
+  table <- data.frame(epoch = x$epochs)
+  for (name in metric_order(names(x$metrics))) table[[name]] <- x$metrics[[name]]
+  table
+}
+
+#' Print, plot and convert a training history
+#'
+#' A history prints as a table with one row per epoch and one column per
+#' metric (long histories show their first and last epochs). `plot()` draws
+#' one panel per metric with base graphics: the training values and, when
+#' there was validation data, the validation values, per epoch.
+#' `as.data.frame()` gives the long form keras3 uses: `epoch`, `value`,
+#' `metric` and `data` (`"training"` or `"validation"`).
+#'
+#' @param x A training history, returned by
+#'   [fit()][fit.keras.src.trainers.trainer.Trainer].
+#' @param y Unused.
+#' @param metrics Names of the metrics to plot, without the `val_` prefix
+#'   (e.g. `c("loss", "accuracy")`); `NULL` for all.
+#' @param max_rows The most epochs to print before eliding the middle ones.
+#' @param row.names,optional Unused, for the `as.data.frame()` generic.
+#' @param ... Further graphical parameters for [graphics::plot()], or unused.
+#' @returns `print()` and `plot()` return `x` invisibly; `as.data.frame()`
+#'   a data frame.
+#' @family model training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(1L)))
+#' model %>% compile(loss = "mse", metrics = "mae")
+#' x <- matrix(runif(400), ncol = 4)
+#' history <- model %>% fit(x, rowSums(x), epochs = 4, verbose = 0,
+#'                          validation_split = 0.25)
+#' history
+#' plot(history)
+#' head(as.data.frame(history))
+print.multigpu_training_history <- function(x, max_rows = 10L, ...) {
+  table <- history_table(x)
+  n <- nrow(table)
+  steps <- x$params$steps
+  cat(sprintf("Training history: %d epoch%s%s\n", n,
+              if (n == 1L) "" else "s",
+              if (is.numeric(steps)) sprintf(", %d steps each", as.integer(steps))
+              else ""))
+  if (n == 0L) return(invisible(x))
+  shown <- table
+  for (name in names(table)[-1L]) {
+    shown[[name]] <- formatC(table[[name]], digits = 4L, format = "fg",
+                             flag = "#")
+  }
+  shown$epoch <- as.character(shown$epoch)
+  if (n > max_rows) {
+    half <- max(1L, as.integer(max_rows) %/% 2L)
+    gap <- shown[1L, , drop = FALSE]
+    gap[1L, ] <- "..."
+    shown <- rbind(shown[seq_len(half), , drop = FALSE], gap,
+                   shown[seq.int(n - half + 1L, n), , drop = FALSE])
+  }
+  print(shown, row.names = FALSE, right = TRUE)
+  invisible(x)
+}
+
+#' @rdname print.multigpu_training_history
+#' @export
+plot.multigpu_training_history <- function(x, y, metrics = NULL, ...) {
+  available <- unique(sub("^val_", "", metric_order(names(x$metrics))))
+  metrics <- metrics %||% available
+  unknown <- setdiff(metrics, available)
+  if (length(unknown)) {
+    multigpu_abort(sprintf(
+      "`metrics` names metrics the history does not have: %s. It has: %s.",
+      paste(unknown, collapse = ", "), paste(available, collapse = ", ")
+    ))
+  }
+  old <- graphics::par(mfrow = c(length(metrics), 1L),
+                       mar = c(3.2, 4.2, 0.6, 0.8), mgp = c(2.1, 0.7, 0))
+  on.exit(graphics::par(old))
+  colours <- c(training = "#1f77b4", validation = "#d62728")
+  for (metric in metrics) {
+    training <- x$metrics[[metric]]
+    validation <- x$metrics[[paste0("val_", metric)]]
+    values <- c(training, validation)
+    graphics::plot(x$epochs, training %||% rep(NA_real_, length(x$epochs)),
+                   type = "o", pch = 16, col = colours[["training"]],
+                   ylim = range(values, finite = TRUE), xlab = "epoch",
+                   ylab = metric, ...)
+    if (!is.null(validation)) {
+      graphics::lines(x$epochs, validation, type = "o", pch = 17,
+                      col = colours[["validation"]])
+      # Keep the legend off the curves: they end low when they fall.
+      rising <- isTRUE(utils::tail(training, 1L) > training[[1L]])
+      graphics::legend(if (rising) "bottomright" else "topright",
+                       legend = names(colours), bty = "n",
+                       col = colours, pch = c(16, 17), lty = 1, cex = 0.8)
+    }
+  }
+  invisible(x)
+}
+
+#' @rdname print.multigpu_training_history
+#' @export
+as.data.frame.multigpu_training_history <- function(x, row.names = NULL,
+                                                    optional = FALSE, ...) {
+  names <- metric_order(names(x$metrics))
+  metric <- sub("^val_", "", names)
+  data.frame(
+    epoch = rep(x$epochs, times = length(names)),
+    value = unlist(x$metrics[names], use.names = FALSE),
+    metric = factor(rep(metric, each = length(x$epochs)),
+                    levels = unique(metric)),
+    data = factor(rep(ifelse(grepl("^val_", names), "validation", "training"),
+                      each = length(x$epochs)),
+                  levels = c("training", "validation"))
+  )
+}

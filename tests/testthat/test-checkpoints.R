@@ -1,0 +1,84 @@
+counting_builder <- function() {
+  calls <- 0L
+  build <- function() {
+    calls <<- calls + 1L
+    model <- tiny_model()
+    model |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+    model
+  }
+  list(build = build, calls = function() calls)
+}
+
+test_that("checkpoint_callbacks() returns the core's two crash-safe callbacks", {
+  skip_if_no_multigpu()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  callbacks <- checkpoint_callbacks(dir)
+  expect_length(callbacks, 2L)
+  expect_s3_class(callbacks[[1]], "keras.src.callbacks.backup_and_restore.BackupAndRestore")
+  expect_s3_class(callbacks[[2]], "keras.src.callbacks.model_checkpoint.ModelCheckpoint")
+  expect_true(dir.exists(dir))
+  expect_identical(checkpoint_callbacks(dir, save_freq = 5)[[2]]$save_freq, 5L)
+})
+
+test_that("checkpoint_callbacks() errors: NA and non-whole in R, the rest in Python", {
+  skip_if_no_multigpu()
+  dir <- withr::local_tempdir()
+  expect_error(checkpoint_callbacks(dir, save_freq = 2.5), "`save_freq` is not a whole number",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, save_freq = NA), "Invalid `save_freq`: received True",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(NA_character_), "`checkpoint_dir` must be a single non-empty path",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, save_freq = 0), "Invalid `save_freq`: received 0",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, save_freq = "batch"), "Invalid `save_freq`: received 'batch'",
+               class = "multigpu_value_error")
+  file <- tempfile()
+  writeLines("x", file)
+  expect_error(checkpoint_callbacks(file), "which is a file; expected a directory",
+               class = "multigpu_value_error")
+})
+
+test_that("make_or_restore_model() builds, then restores the newest checkpoint, and fit() resumes", {
+  skip_if_no_multigpu()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  strategy <- mirrored_strategy(2)
+  builder <- counting_builder()
+  with(strategy$scope(), model <- make_or_restore_model(dir, builder$build))
+  expect_identical(builder$calls(), 1L)
+  history <- model |> fit(iris_x(), iris_y(), epochs = 2, batch_size = 50, verbose = 0,
+                          callbacks = checkpoint_callbacks(dir))
+  expect_identical(history$epochs, 1:2)
+  expect_true(all(c("ckpt-1.keras", "ckpt-2.keras", "backup") %in% list.files(dir)))
+
+  with(strategy$scope(), restored <- make_or_restore_model(dir, builder$build))
+  expect_identical(builder$calls(), 1L)  # restored, not built
+  expect_equal(predict(restored, iris_x(1:5), verbose = 0),
+               predict(model, iris_x(1:5), verbose = 0), tolerance = 1e-6)
+  # Running the same training again resumes after the last finished epoch.
+  history <- restored |> fit(iris_x(), iris_y(), epochs = 3, batch_size = 50, verbose = 0,
+                             callbacks = checkpoint_callbacks(dir))
+  expect_identical(history$epochs, 3L)
+  expect_true("ckpt-3.keras" %in% list.files(dir))
+})
+
+test_that("make_or_restore_model() passes build_fn's problems on as classed errors", {
+  skip_if_no_multigpu()
+  dir <- withr::local_tempdir()
+  expect_error(make_or_restore_model(dir, function() 42L), "it returned an object of type int",
+               class = "multigpu_type_error")
+  expect_error(make_or_restore_model(dir, 5), "Invalid `build_fn`: received an object of type float",
+               class = "multigpu_type_error")
+  expect_error(make_or_restore_model(dir, function() stop("no model today")), "no model today")
+  expect_error(make_or_restore_model(NA_character_, function() NULL), "`checkpoint_dir` must be a single non-empty path",
+               class = "multigpu_value_error")
+})
+
+test_that("make_or_restore_model() expands ~ in the directory", {
+  skip_if_no_multigpu()
+  withr::local_envvar(HOME = withr::local_tempdir())
+  builder <- counting_builder()
+  model <- make_or_restore_model("~/ckpt", builder$build)
+  model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0, callbacks = checkpoint_callbacks("~/ckpt"))
+  expect_true(file.exists(file.path(Sys.getenv("HOME"), "ckpt", "ckpt-1.keras")))
+})

@@ -1,0 +1,148 @@
+# Argument coercion: pure R, no Python needed.
+
+expect_value_error <- function(expr, pattern) {
+  expect_error(expr, pattern, class = "multigpu_value_error")
+}
+
+test_that("as_count() turns whole numbers into integers", {
+  expect_identical(as_count(2), 2L)
+  expect_identical(as_count(2L), 2L)
+  expect_identical(as_count(0), 0L)
+  expect_identical(as_count(1e6), 1000000L)
+  expect_null(as_count(NULL))
+})
+
+test_that("as_count() rejects NA, NaN, Inf, negative, non-whole and non-numbers, naming the argument", {
+  epochs <- NA
+  expect_value_error(as_count(epochs), "`epochs` contains NA or NaN: received NA")
+  expect_value_error(as_count(NaN, "epochs"), "`epochs` contains NA or NaN")
+  expect_value_error(as_count(NA_integer_, "n"), "`n` contains NA")
+  expect_value_error(as_count(Inf, "n"), "`n` is infinite")
+  expect_value_error(as_count(-1, "batch_size"), "`batch_size` is negative: received -1")
+  expect_value_error(as_count(2.5, "batch_size"), "`batch_size` is not a whole number: received 2.5")
+  expect_value_error(as_count(1e10, "n"), "`n` is too large for an integer")
+  expect_value_error(as_count("5", "n"), "`n` must be a single whole number >= 0, not \"5\"")
+  expect_value_error(as_count(c(1, 2), "n"), "`n` must be a single whole number >= 0, not c\\(1, 2\\)")
+  expect_value_error(as_count(TRUE, "n"), "`n` must be a single whole number")
+  expect_value_error(as_count(NULL, "n", null_ok = FALSE), "`n` must be a whole number >= 0, not NULL")
+})
+
+test_that("errors name the exported function's call, not the helper's", {
+  wrapper <- function(n) as_count(n)
+  error <- tryCatch(wrapper(-3), error = identity)
+  expect_identical(conditionCall(error), quote(wrapper(-3)))
+  expect_s3_class(error, c("multigpu_value_error", "multigpu_error", "error"))
+  expect_false(inherits(error, "multigpu_python_error"))
+})
+
+test_that("as_device_list() reads one number as a count and several as GPU ids", {
+  expect_null(as_device_list(NULL))
+  expect_identical(as_device_list(2), 2L)
+  # The `gpus = c(3)` trap: c(3) is 3 in R, so it is a count, not GPU id 3.
+  expect_identical(as_device_list(c(3)), 3L)
+  expect_identical(as_device_list(c(0, 1)), list(0L, 1L))
+  expect_identical(as_device_list(c(a = 0, b = 2)), list(0L, 2L))
+  expect_identical(as_device_list(0:3), list(0L, 1L, 2L, 3L))
+})
+
+test_that("as_device_list() sends names and R lists as Python lists, whatever their length", {
+  expect_identical(as_device_list(c("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
+  expect_identical(as_device_list("/gpu:0"), list("/gpu:0"))
+  expect_identical(as_device_list(factor(c("/cpu:0", "/cpu:1"))), list("/cpu:0", "/cpu:1"))
+  expect_identical(as_device_list(list(3)), list(3L))
+  expect_identical(as_device_list(list(0, 2)), list(0L, 2L))
+  expect_identical(as_device_list(list("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
+  expect_identical(as_device_list(character()), list())
+})
+
+test_that("as_device_list() rejects NA, NaN, negative and non-whole entries in R", {
+  gpus <- NA
+  expect_value_error(as_device_list(gpus), "`gpus` must not be NA")
+  expect_value_error(as_device_list(NaN, "gpus"), "`gpus` contains NA or NaN: received NaN")
+  expect_value_error(as_device_list(-2, "gpus"), "`gpus` is negative: received -2")
+  expect_value_error(as_device_list(1.5, "gpus"), "`gpus` is not a whole number: received 1.5")
+  expect_value_error(as_device_list(c(0, NA), "gpus"), "`gpus` contains NA or NaN: received c\\(0, NA\\)")
+  expect_value_error(as_device_list(c(0, 0.5), "devices"), "`devices` is not a whole number")
+  expect_value_error(as_device_list(list(0, -1), "gpus"), "`gpus` is negative")
+  expect_value_error(as_device_list(c("/cpu:0", NA), "gpus"), "`gpus` contains NA")
+  expect_value_error(as_device_list(list("/cpu:0", NA_character_), "gpus"), "`gpus` contains NA")
+})
+
+test_that("as_device_list() leaves other types for the Python core to judge", {
+  expect_identical(as_device_list(TRUE), TRUE)
+  expect_identical(as_device_list(list(TRUE, 1)), list(TRUE, 1L))
+})
+
+test_that("as_flag() rejects NA and passes everything else on", {
+  expect_true(as_flag(TRUE))
+  expect_false(as_flag(FALSE))
+  expect_null(as_flag(NULL))
+  cpu_merge <- NA
+  expect_value_error(as_flag(cpu_merge), "`cpu_merge` must be TRUE or FALSE, not NA")
+  expect_identical(as_flag("yes"), "yes")
+})
+
+test_that("as_string() accepts one string or NULL", {
+  expect_identical(as_string("mirrored"), "mirrored")
+  expect_null(as_string(NULL))
+  engine <- 1
+  expect_value_error(as_string(engine), "`engine` must be a single string, not 1")
+  expect_value_error(as_string(NA_character_, "engine"), "`engine` must be a single string, not NA")
+  expect_value_error(as_string(c("a", "b"), "engine"), "single string")
+  expect_value_error(as_string(NULL, "envname", null_ok = FALSE), "`envname` must be a single string, not NULL")
+})
+
+test_that("as_path() expands ~ and rejects non-paths", {
+  expect_identical(as_path("~/model.h5"), path.expand("~/model.h5"))
+  expect_value_error(as_path(NA_character_, "filepath"), "`filepath` must be a single non-empty path, not NA")
+  expect_value_error(as_path("", "filepath"), "`filepath` must be a single non-empty path")
+  expect_value_error(as_path(1, "filepath"), "not 1")
+})
+
+test_that("as_verbose() maps R values to Keras verbosity", {
+  withr::local_options(knitr.in.progress = NULL)
+  expect_identical(as_verbose("auto"), "auto")
+  expect_identical(as_verbose(2), 2L)
+  expect_identical(as_verbose(TRUE), 1L)
+  expect_identical(as_verbose(FALSE), 0L)
+  withr::local_options(knitr.in.progress = TRUE)
+  expect_identical(as_verbose("auto"), 2L)
+  verbose <- "loud"
+  expect_value_error(as_verbose(verbose), "`verbose` must be \"auto\", 0 \\(silent\\), 1 \\(progress bar\\) or 2")
+  expect_value_error(as_verbose(NA, "verbose"), "`verbose` must be")
+  expect_value_error(as_verbose(1.5, "verbose"), "`verbose` is not a whole number")
+})
+
+test_that("as_py_list() makes one metric name a list", {
+  expect_identical(as_py_list("accuracy"), list("accuracy"))
+  expect_identical(as_py_list(c("mae", "mse")), list("mae", "mse"))
+  expect_identical(as_py_list(list(out = "mae")), list(out = "mae"))
+  expect_null(as_py_list(NULL))
+})
+
+test_that("as_model_data() turns factors into 0-based class codes", {
+  codes <- as_model_data(factor(c("b", "a", "c", "a")))
+  expect_identical(codes, array(c(1L, 0L, 2L, 0L), dim = 4L))
+  expect_identical(as_model_data(1:3), array(1:3, dim = 3L))
+  expect_identical(as_model_data(c(TRUE, FALSE)), array(c(TRUE, FALSE), dim = 2L))
+  expect_identical(as_model_data(matrix(1:4, 2)), matrix(1:4, 2))
+  expect_identical(as_model_data(c("a", "b")), c("a", "b"))
+  expect_null(as_model_data(NULL))
+  expect_identical(as_model_data(list(NULL, 1:2)), list(NULL, array(1:2, dim = 2L)))
+})
+
+test_that("check_model() rejects R objects with a type error naming the argument", {
+  model <- iris
+  expect_error(check_model(model), "`model` must be a Keras model, not a data frame \\(150 x 5\\)",
+               class = "multigpu_type_error")
+  expect_error(check_model(NULL, "object"), "not NULL", class = "multigpu_type_error")
+})
+
+test_that("describe() shows values briefly", {
+  expect_identical(describe(NULL), "NULL")
+  expect_identical(describe(c(0, NA)), "c(0, NA)")
+  expect_identical(describe("a"), "\"a\"")
+  expect_identical(describe(mean), "a function")
+  expect_identical(describe(new.env()), "an object of class environment")
+  expect_lte(nchar(describe(1:1000 + 0.5)), 70)
+})

@@ -1,0 +1,45 @@
+test_that("available_devices() lists the simulated devices as character vectors", {
+  skip_if_no_multigpu()
+  devices <- available_devices()
+  expect_named(devices, c("GPU", "CPU"))
+  expect_identical(devices$GPU, character())
+  expect_identical(devices$CPU, sprintf("/device:CPU:%d", 0:3))
+})
+
+test_that("virtual_devices() with the same n again is harmless", {
+  skip_if_no_multigpu()
+  expect_identical(virtual_devices(4), sprintf("/device:CPU:%d", 0:3))
+  expect_identical(virtual_devices(4L, device_type = "cpu"), sprintf("/device:CPU:%d", 0:3))
+})
+
+test_that("virtual_devices() after TensorFlow started says how to fix it", {
+  skip_if_no_multigpu()
+  available_devices()  # TensorFlow has started
+  error <- tryCatch(virtual_devices(2), error = identity)
+  expect_s3_class(error, c("multigpu_runtime_error", "multigpu_python_error", "multigpu_error"))
+  expect_match(conditionMessage(error), "virtual_devices(2) came too late", fixed = TRUE)
+  expect_match(conditionMessage(error), "in R, call virtual_devices() right after library(multigpu), or restart the R session", fixed = TRUE)
+  expect_identical(conditionCall(error), quote(virtual_devices(2)))
+})
+
+test_that("virtual_devices() rejects NA, negative and non-whole n in R", {
+  expect_error(virtual_devices(NA), "`n` contains NA or NaN", class = "multigpu_value_error")
+  expect_error(virtual_devices(-1), "`n` is negative", class = "multigpu_value_error")
+  expect_error(virtual_devices(2.5), "`n` is not a whole number: received 2.5", class = "multigpu_value_error")
+  expect_error(virtual_devices(c(2, 4)), "`n` must be a single whole number", class = "multigpu_value_error")
+  expect_error(virtual_devices(4, memory_limit = -5), "`memory_limit` is negative", class = "multigpu_value_error")
+})
+
+test_that("virtual_devices() leaves the rest to Python, whose message reaches R", {
+  skip_if_no_multigpu()
+  error <- tryCatch(virtual_devices(0), error = identity)
+  expect_s3_class(error, c("multigpu_value_error", "multigpu_python_error"))
+  expect_match(conditionMessage(error), "Invalid `n`: received 0; expected an int >= 1", fixed = TRUE)
+  # memory_limit = 1024 arrives as the Python int 1024, not 1024.0.
+  expect_error(virtual_devices(4, memory_limit = 1024),
+               "Invalid `memory_limit`: received 1024 for CPU devices", fixed = TRUE,
+               class = "multigpu_value_error")
+  expect_error(virtual_devices(4, device_type = "TPU"),
+               "Invalid `device_type`: received 'TPU'", fixed = TRUE,
+               class = "multigpu_value_error")
+})

@@ -1,0 +1,121 @@
+test_that("multigpu_abort() signals classed errors with the caller's call", {
+  f <- function() multigpu_abort("bad value", call = quote(f(x = 1)))
+  error <- tryCatch(f(), error = identity)
+  expect_s3_class(error, c("multigpu_value_error", "multigpu_error", "error", "condition"), exact = TRUE)
+  expect_identical(conditionMessage(error), "bad value")
+  expect_identical(conditionCall(error), quote(f(x = 1)))
+  error <- tryCatch(multigpu_abort("x", class = "multigpu_install_error"), error = identity)
+  expect_s3_class(error, c("multigpu_install_error", "multigpu_error", "error", "condition"), exact = TRUE)
+})
+
+test_that("Python exceptions become classed R errors carrying the Python message", {
+  skip_if_no_multigpu()
+  builtins <- reticulate::import_builtins()
+  caller <- function(value) with_python(builtins$int(value))
+  error <- tryCatch(caller("x"), error = identity)
+  expect_s3_class(error, c("multigpu_value_error", "multigpu_python_error", "multigpu_error", "error", "condition"), exact = TRUE)
+  expect_identical(conditionMessage(error), "invalid literal for int() with base 10: 'x'")
+  expect_identical(conditionCall(error), quote(caller("x")))
+  expect_identical(error$python_type, "ValueError")
+  expect_type(error$python_traceback, "character")
+  expect_s3_class(error$python_exception, "python.builtin.ValueError")
+
+  expect_error(with_python(builtins$len(5L)), "object of type 'int' has no len()",
+               class = "multigpu_type_error")
+  expect_error(with_python(reticulate::py_eval("(_ for _ in ()).throw(RuntimeError('boom'))")),
+               "^boom$", class = "multigpu_runtime_error")
+  # Subclasses map through the exception's class hierarchy:
+  # FileNotFoundError is an OSError.
+  missing <- file.path(tempdir(), "no-such-file")
+  error <- tryCatch(with_python(builtins$open(missing)), error = identity)
+  expect_s3_class(error, "multigpu_os_error")
+  expect_match(conditionMessage(error), "No such file or directory", fixed = TRUE)
+  expect_identical(error$python_type, "FileNotFoundError")
+  # Other exceptions are multigpu_python_error only.
+  error <- tryCatch(with_python(reticulate::py_eval("{}", convert = FALSE)$pop("key")), error = identity)
+  expect_s3_class(error, c("multigpu_python_error", "multigpu_error", "error", "condition"), exact = TRUE)
+  expect_identical(error$python_type, "KeyError")
+})
+
+test_that("tryCatch() can catch Python errors by class", {
+  skip_if_no_multigpu()
+  caught <- tryCatch(
+    multi_gpu_model(tiny_model(), gpus = 64),
+    multigpu_value_error = function(e) conditionMessage(e)
+  )
+  expect_match(caught, "64 devices were asked for but only 4 logical CPU device(s) exist", fixed = TRUE)
+})
+
+test_that("R errors raised while calling Python pass through unchanged", {
+  skip_if_no_multigpu()
+  error <- tryCatch(with_python(stop("plain R error")), error = identity)
+  expect_identical(conditionMessage(error), "plain R error")
+  expect_false(inherits(error, "multigpu_error"))
+  # A multigpu error raised in R keeps its class.
+  expect_error(with_python(multigpu_abort("r side")), "r side", class = "multigpu_value_error")
+})
+
+test_that("Python warnings become R warnings of class multigpu_warning", {
+  skip_if_no_multigpu()
+  warnings <- reticulate::import("warnings")
+  expect_warning(
+    with_python(warnings$warn("careful")),
+    "^careful$", class = "multigpu_warning"
+  )
+  caught <- list()
+  withCallingHandlers(
+    with_python({
+      warnings$warn("first", reticulate::import_builtins()$RuntimeWarning)
+      warnings$warn("second")
+      "value"
+    }),
+    multigpu_warning = function(w) {
+      caught[[length(caught) + 1L]] <<- w
+      invokeRestart("muffleWarning")
+    }
+  )
+  expect_length(caught, 2L)
+  expect_identical(conditionMessage(caught[[1]]), "first")
+  expect_identical(caught[[1]]$python_type, "RuntimeWarning")
+  expect_identical(caught[[2]]$python_type, "UserWarning")
+  expect_identical(suppressWarnings(with_python({warnings$warn("x"); 42})), 42)
+})
+
+test_that("a non-local exit (an interrupt, a restart) leaves Python's warnings machinery as it was", {
+  skip_if_no_multigpu()
+  reticulate::py_run_string("import warnings as _w; _multigpu_test_impl = _w._showwarnmsg_impl")
+  unchanged <- function() {
+    reticulate::py_eval("__import__('warnings')._showwarnmsg_impl is _multigpu_test_impl")
+  }
+  withRestarts(with_python(invokeRestart("jump")), jump = function() NULL)
+  expect_true(unchanged())
+  try(with_python(stop("an R error")), silent = TRUE)
+  expect_true(unchanged())
+})
+
+test_that("while knitr renders, what Python prints is printed from R", {
+  skip_if_no_multigpu()
+  builtins <- reticulate::import_builtins()
+  withr::local_options(knitr.in.progress = TRUE)
+  expect_output(value <- with_python({builtins$print("from python"); 7}), "from python")
+  expect_identical(value, 7)
+  # Nested calls (Python calling back into R, which calls Python) print once,
+  # in order, and leave Python's output working.
+  output <- capture.output(invisible(with_python({
+    builtins$print("outer")
+    with_python(builtins$print("inner"))
+    builtins$print("after")
+  })))
+  expect_identical(output, c("outer", "inner", "after"))
+  expect_output(with_python(builtins$print("still there")), "still there")
+})
+
+test_that("call_core() leaves out optional NULL arguments and keeps the others", {
+  skip_if_no_multigpu()
+  # resolve_devices(gpus=None) means "every device": NULL must reach Python.
+  expect_length(call_core("resolve_devices", gpus = NULL), 4L)
+  expect_identical(call_core("resolve_devices", 2L, extra = NULL, .optional = "extra"),
+                   c("/device:CPU:0", "/device:CPU:1"))
+  expect_error(call_core("resolve_devices", 2L, extra = NULL),
+               "unexpected keyword argument 'extra'", class = "multigpu_type_error")
+})

@@ -1,0 +1,139 @@
+same_predictions <- function(a, b, x) {
+  expect_equal(predict(a, x, verbose = 0), predict(b, x, verbose = 0),
+               tolerance = 1e-5)
+}
+
+test_that("multi_gpu_model() replicates a model on every device by default", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  parallel <- multi_gpu_model(model)
+  expect_s3_class(parallel, "multigpu.replicas.ParallelModel")
+  expect_s3_class(parallel, "keras.src.models.model.Model")
+  expect_identical(parallel$devices, sprintf("/device:CPU:%d", 0:3))
+  expect_identical(parallel$merge_device, "/device:CPU:0")
+  expect_true(reticulate::py_id(parallel$template) == reticulate::py_id(model))
+  same_predictions(parallel, model, iris_x(1:10))
+})
+
+test_that("one number is a device count, also when written c(3)", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  expect_identical(multi_gpu_model(model, gpus = 2)$devices, c("/device:CPU:0", "/device:CPU:1"))
+  expect_length(multi_gpu_model(model, gpus = 3L)$devices, 3L)
+  # The original R wrapper's trap: c(3) is the number 3, so three devices.
+  expect_identical(multi_gpu_model(model, gpus = c(3))$devices, sprintf("/device:CPU:%d", 0:2))
+  expect_identical(unlist(multi_gpu_model(model, gpus = 2)$batch_split(65)), c("/device:CPU:0", "32", "/device:CPU:1", "33"))
+})
+
+test_that("device names select devices; two or more numbers are GPU ids", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  expect_identical(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:2"))$devices,
+                   c("/device:CPU:0", "/device:CPU:2"))
+  expect_identical(multi_gpu_model(model, gpus = list("/cpu:3", "/cpu:1"))$devices,
+                   c("/device:CPU:3", "/device:CPU:1"))
+  error <- tryCatch(multi_gpu_model(model, gpus = c(0, 1)), error = identity)
+  expect_s3_class(error, c("multigpu_value_error", "multigpu_python_error"))
+  expect_match(conditionMessage(error), "received [0, 1]. GPU ids were given but this machine has no GPU", fixed = TRUE)
+})
+
+test_that("the Python core rejects device sets that cannot work, naming what the machine has", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  expect_error(multi_gpu_model(model, gpus = 1), "A device count must be >= 2, not 1", fixed = TRUE,
+               class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = 5), "CPU devices: /device:CPU:0, /device:CPU:1, /device:CPU:2, /device:CPU:3",
+               fixed = TRUE, class = "multigpu_value_error")
+  # A list is always a list, even of one: GPU id 3 alone is no device set.
+  expect_error(multi_gpu_model(model, gpus = list(3)), "received [3]. A device list needs at least 2 entries, not 1",
+               fixed = TRUE, class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = "/cpu:0"), "A device list needs at least 2 entries, not 1",
+               fixed = TRUE, class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:0")), "appear more than once",
+               class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:9")), "Unknown device(s) ['/cpu:9']",
+               fixed = TRUE, class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = TRUE), "A value of type bool is not accepted",
+               class = "multigpu_value_error")
+})
+
+test_that("NA, NaN, negative and non-whole gpus are rejected in R, naming the argument", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  for (gpus in list(NA, NaN, -2, 1.5, c(0, NA), c(0, 1.5), NA_character_)) {
+    error <- tryCatch(multi_gpu_model(model, gpus = gpus), error = identity)
+    expect_s3_class(error, "multigpu_value_error")
+    expect_false(inherits(error, "multigpu_python_error"))
+    expect_match(conditionMessage(error), "^`gpus` ")
+  }
+  expect_identical(conditionCall(tryCatch(multi_gpu_model(model, gpus = -2), error = identity)),
+                   quote(multi_gpu_model(model, gpus = -2)))
+})
+
+test_that("cpu_merge and cpu_relocation are flags: NA is rejected in R, other values by Python", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  expect_error(multi_gpu_model(model, cpu_merge = NA), "`cpu_merge` must be TRUE or FALSE, not NA",
+               class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, cpu_relocation = NA), "`cpu_relocation` must be TRUE or FALSE, not NA",
+               class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, cpu_merge = "yes"), "Invalid `cpu_merge`: received 'yes'; expected True or False",
+               fixed = TRUE, class = "multigpu_value_error")
+})
+
+test_that("cpu_merge = FALSE merges on the first device", {
+  skip_if_no_multigpu()
+  parallel <- multi_gpu_model(tiny_model(), gpus = c("/cpu:2", "/cpu:3"), cpu_merge = FALSE)
+  expect_identical(parallel$merge_device, "/device:CPU:2")
+})
+
+test_that("cpu_relocation = TRUE keeps the weights in a CPU copy of the template", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  parallel <- multi_gpu_model(model, gpus = 2, cpu_relocation = TRUE)
+  expect_false(reticulate::py_id(parallel$template) == reticulate::py_id(model))
+  same_predictions(parallel, model, iris_x(1:10))
+})
+
+test_that("the model must be a Keras model", {
+  skip_if_no_multigpu()
+  expect_error(multi_gpu_model(iris), "`model` must be a Keras model, not a data frame (150 x 5)",
+               fixed = TRUE, class = "multigpu_type_error")
+  error <- tryCatch(multi_gpu_model(reticulate::import_builtins()$object()), error = identity)
+  expect_s3_class(error, c("multigpu_type_error", "multigpu_python_error"))
+  expect_match(conditionMessage(error), "received an object of type object; expected a keras.Model", fixed = TRUE)
+  expect_error(multi_gpu_model(tiny_model(), engine = 2), "`engine` must be a single string, not 2",
+               class = "multigpu_value_error")
+})
+
+test_that("both pipes read top-down, and training the parallel model trains the template", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  parallel <- model %>% multi_gpu_model(gpus = 2)
+  expect_identical(parallel$devices, c("/device:CPU:0", "/device:CPU:1"))
+  parallel <- model |> multi_gpu_model(gpus = 4)
+  before <- model$get_weights()
+  parallel |> compile(optimizer = "sgd", loss = "sparse_categorical_crossentropy")
+  parallel |> fit(iris_x(), iris_y(), epochs = 1, batch_size = 64, verbose = 0)
+  after <- model$get_weights()
+  expect_false(isTRUE(all.equal(before, after)))
+  same_predictions(parallel, model, iris_x(1:10))
+})
+
+test_that("in a fresh session, the CPU fallback warning is an R warning", {
+  skip_if_no_multigpu()
+  output <- run_r('
+    library(multigpu)
+    virtual_devices(2)
+    keras <- reticulate::import("keras")
+    model <- keras$Sequential(list(keras$Input(shape = list(2L)), keras$layers$Dense(1L)))
+    w <- tryCatch(multi_gpu_model(model), multigpu_warning = identity)
+    cat("class:", class(w)[1], "\\n")
+    cat("message:", conditionMessage(w), "\\n")
+    cat("call:", deparse(conditionCall(w)), "\\n")
+  ', env = paste0("RETICULATE_PYTHON=", multigpu_config()$python))
+  output <- paste(output, collapse = "\n")
+  expect_match(output, "class: multigpu_warning", fixed = TRUE)
+  expect_match(output, "message: No GPU found: using the 2 logical CPU devices ['/device:CPU:0', '/device:CPU:1'] as replicas.", fixed = TRUE)
+  expect_match(output, "call: multi_gpu_model(model)", fixed = TRUE)
+})
