@@ -1,0 +1,162 @@
+"""Model recipes and data for the shared scenarios, defined once for both runners.
+
+The Python runner imports this module; the R runner loads it with
+`reticulate::import_from_path("recipes", "tests/scenarios")`. Building a
+model or generating data here is not the API under test (multigpu's
+functions and the Keras model methods, called through each language's own
+API, are): it only guarantees that both languages start from the same
+initial weights and the same numbers.
+
+Every recipe is seeded with `keras.utils.set_random_seed(seed)` immediately
+before its layers are created, so the same (recipe, seed) gives the same
+initial weights in either language and in any order of scenarios.
+"""
+
+import keras
+import numpy as np
+
+
+def _mlp(input_dim=6, units=8, outputs=3):
+    inputs = keras.Input((input_dim,), name="features")
+    hidden = keras.layers.Dense(units, activation="tanh", name="hidden")(inputs)
+    outputs = keras.layers.Dense(outputs, name="scores")(hidden)
+    return keras.Model(inputs, outputs, name="mlp")
+
+
+def _cnn(side=8, filters=4, classes=3):
+    return keras.Sequential([
+        keras.Input((side, side, 1), name="image"),
+        keras.layers.Conv2D(filters, 3, activation="relu", name="conv"),
+        keras.layers.MaxPooling2D(2, name="pool"),
+        keras.layers.Flatten(name="flatten"),
+        keras.layers.Dense(classes, activation="softmax", name="probs"),
+    ], name="cnn")
+
+
+def _two_io():
+    a = keras.Input((5,), name="a")
+    b = keras.Input((3,), name="b")
+    joined = keras.layers.Concatenate(name="join")([a, b])
+    hidden = keras.layers.Dense(8, activation="tanh", name="hidden")(joined)
+    reg = keras.layers.Dense(1, name="reg")(hidden)
+    cls = keras.layers.Dense(3, activation="softmax", name="cls")(hidden)
+    return keras.Model([a, b], [reg, cls], name="two_io")
+
+
+def _shared_submodel():
+    inner = keras.Input((4,), name="inner_in")
+    encoded = keras.layers.Dense(5, activation="tanh", name="enc")(inner)
+    encoder = keras.Model(inner, encoded, name="encoder")
+    left = keras.Input((4,), name="left")
+    right = keras.Input((4,), name="right")
+    joined = keras.layers.Concatenate(name="join")([encoder(left),
+                                                    encoder(right)])
+    return keras.Model([left, right], keras.layers.Dense(1, name="score")(joined),
+                       name="siamese")
+
+
+def _batchnorm():
+    return keras.Sequential([
+        keras.Input((6,), name="features"),
+        keras.layers.Dense(8, name="dense"),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.Activation("relu", name="relu"),
+        keras.layers.Dense(2, name="out"),
+    ], name="bn_mlp")
+
+
+def _rnn(steps=5, features=3, units=6, outputs=2):
+    return keras.Sequential([
+        keras.Input((steps, features), name="sequence"),
+        keras.layers.GRU(units, name="gru"),
+        keras.layers.Dense(outputs, name="out"),
+    ], name="rnn")
+
+
+def _fixed_batch():
+    inputs = keras.Input(batch_shape=(8, 6), name="features")
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(inputs),
+                       name="fixed_batch")
+
+
+def _not_a_model():
+    layer = keras.layers.Dense(3, name="lonely_dense")
+    layer.build((None, 6))
+    return layer
+
+
+RECIPES = {
+    "mlp": _mlp,
+    "cnn": _cnn,
+    "two_io": _two_io,
+    "shared_submodel": _shared_submodel,
+    "batchnorm": _batchnorm,
+    "rnn": _rnn,
+    "fixed_batch": _fixed_batch,
+    "not_a_model": _not_a_model,
+}
+
+
+def build(recipe, seed):
+    """A freshly built model of `recipe`, its weights drawn from `seed`."""
+    if recipe not in RECIPES:
+        raise KeyError(f"Unknown recipe {recipe!r}; known: {sorted(RECIPES)}")
+    keras.utils.set_random_seed(int(seed))
+    return RECIPES[recipe]()
+
+
+def _features(rng, rows, *shape):
+    return rng.standard_normal((rows,) + shape).astype("float32")
+
+
+def _labels(rng, rows, classes=3):
+    return rng.integers(0, classes, size=rows).astype("int32")
+
+
+def make_data(recipe, seed, rows):
+    """`{"x": inputs, "y": targets}` for `recipe`, drawn from `seed`.
+
+    Inputs of multi-input models are a dict keyed by input name (a named
+    list in R); targets of multi-output models a dict keyed by output name.
+    Float data is float32, class labels int32 (an R integer vector), so the
+    numbers are exactly the same in both languages.
+    """
+    rng = np.random.default_rng(int(seed))
+    rows = int(rows)
+    if recipe in ("mlp", "fixed_batch", "not_a_model"):
+        x = _features(rng, rows, 6)
+        y = (np.tanh(x[:, :3]) + 0.1 * _features(rng, rows, 3)).astype("float32")
+    elif recipe == "cnn":
+        x = _features(rng, rows, 8, 8, 1)
+        y = _labels(rng, rows)
+    elif recipe == "two_io":
+        a, b = _features(rng, rows, 5), _features(rng, rows, 3)
+        x = {"a": a, "b": b}
+        y = {"reg": (a[:, :1] - b[:, :1]).astype("float32"),
+             "cls": _labels(rng, rows)}
+    elif recipe == "shared_submodel":
+        left, right = _features(rng, rows, 4), _features(rng, rows, 4)
+        x = {"left": left, "right": right}
+        y = np.sum(left * right, axis=1, keepdims=True).astype("float32")
+    elif recipe == "batchnorm":
+        x = _features(rng, rows, 6) * 3.0 + 1.0
+        y = np.stack([x[:, 0] - x[:, 1], x[:, 2]], axis=1).astype("float32")
+    elif recipe == "rnn":
+        x = _features(rng, rows, 5, 3)
+        y = np.stack([x[:, :, 0].mean(axis=1), x[:, -1, 1]],
+                     axis=1).astype("float32")
+    else:
+        raise KeyError(f"No data for recipe {recipe!r}")
+    return {"x": x, "y": y}
+
+
+# The parity check of tests/python/test_scenarios.py embeds R in the pytest
+# process: the R runner (tests/testthat/helper-scenarios.R) is set here as
+# R_RUNNER, a Python callable, and stores each record in R_RECORDS, keyed by
+# scenario name.
+R_RUNNER = None
+R_RECORDS = {}
+
+
+def store_r_record(name, record):
+    R_RECORDS[name] = record
