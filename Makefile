@@ -1,29 +1,58 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   - trains a real model across 4 simulated devices
-#   make test   - runs every test (Python core, R package, shared scenarios)
+#   make test   - runs every test (Python core, R package, shared scenarios
+#                 in both languages with the parity check, benchmark smoke run)
 SHELL := /bin/bash
 PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
+PY_TEST_STAMP := $(VENV)/.installed-test
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # TensorFlow's C++ start-up chatter; errors still print.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-python setup setup-python
+# R and the R packages the R package, its checks and the parity tests use
+# (Debian's: CRAN is not needed). r-base-dev lets pip build rpy2.
+R_DEBS := r-base-core r-base-dev r-cran-reticulate r-cran-generics \
+	r-cran-magrittr r-cran-testthat r-cran-withr r-cran-jsonlite \
+	r-cran-pkgload r-cran-knitr r-cran-rmarkdown r-cran-roxygen2 pandoc
+R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
+	rmarkdown roxygen2
 
-setup: setup-python
+.PHONY: demo test test-python test-r bench bench-quick setup setup-python \
+	setup-test setup-r
+
+setup: setup-test
 
 setup-python: $(PY_STAMP)
 
 $(PY_STAMP): pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[cpu,test,demo]"
+	$(PY) -m pip install --quiet -e ".[cpu,demo]"
+	touch $@
+
+setup-r:
+	@Rscript -e 'q(status = !all(vapply(strsplit("$(R_PKGS)", " ")[[1]], requireNamespace, NA, quietly = TRUE)))' 2>/dev/null \
+	  && command -v pandoc >/dev/null \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       $(SUDO) apt-get install -y -qq --no-install-recommends $(R_DEBS); }
+
+# The test extra holds rpy2, which compiles against the installed R.
+setup-test: $(PY_TEST_STAMP)
+
+$(PY_TEST_STAMP): $(PY_STAMP) | setup-r
+	$(PY) -m pip install --quiet -e ".[cpu,demo,test]"
 	touch $@
 
 demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
-test: test-python
+test: test-python test-r
 
-test-python: setup-python
+test-python: setup-test
 	$(PY) -m pytest -q
+
+test-r: setup-test
+	bash .ci/r-check.sh
+
