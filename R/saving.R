@@ -64,11 +64,8 @@ save_model_weights_hdf5 <- function(object, filepath, overwrite = TRUE) {
 #' @rdname save_model_hdf5
 #' @export
 load_model_hdf5 <- function(filepath, custom_objects = NULL, compile = TRUE) {
-  keras <- keras_module()
-  with_python(keras$models$load_model(
-    as_path(filepath), custom_objects = custom_objects,
-    compile = as_flag(compile)
-  ))
+  call_core("load_model", as_path(filepath), custom_objects = custom_objects,
+            compile = as_flag(compile))
 }
 
 #' @rdname save_model_hdf5

@@ -135,3 +135,24 @@ def test_cnn_batches_smaller_than_the_replica_count_train(rng):
     x = rng.random((3, 8, 8, 1)).astype("float32")
     loss = parallel.train_on_batch(x, rng.random((3, 3)).astype("float32"))
     assert np.isfinite(loss)
+
+
+@pytest.mark.parametrize("loss, metrics", [
+    ("mse", ["mae"]), ("mean_squared_error", ["mae", "mse"]),
+    ({"scores": "mse"}, {"scores": ["mae"]})])
+def test_hdf5_with_loss_aliases_loads_compiled_with_optimizer_state(
+        trained, tmp_path, loss, metrics):
+    """Keras 3.15 refuses `loss="mse"` in legacy .h5 files compiled."""
+    parallel, x, y = trained
+    parallel.compile(optimizer="adam", loss=loss, metrics=metrics)
+    parallel.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    path = tmp_path / "model.h5"
+    parallel.save(path)
+    loaded = multigpu.load_model(path)
+    assert loaded.compiled
+    assert int(loaded.optimizer.iterations) == int(parallel.optimizer.iterations)
+    for saved, live in zip(loaded.optimizer.variables, parallel.optimizer.variables):
+        np.testing.assert_allclose(saved.numpy(), live.numpy(), atol=1e-7)
+    np.testing.assert_allclose(loaded.evaluate(x, y, verbose=0),
+                               parallel.evaluate(x, y, verbose=0), atol=1e-6)
+    assert multigpu.load_model(path, compile=False).compiled is False
