@@ -9,8 +9,6 @@ micro-batches that flow through the stages one after the other (GPipe), so
 stage `s` can work on micro-batch `m + 1` while stage `s + 1` works on `m`.
 """
 
-import warnings
-
 import keras
 import numpy as np
 import tensorflow as tf
@@ -398,7 +396,7 @@ def _call_args(node, values, training):
 # The layer that runs the stages.
 
 
-class Stages(keras.layers.Layer):
+class Stages(replicas.TemplateLayer):
     """Runs `template` as a pipeline of stages, one per device.
 
     Not usually built directly: `model_parallel` wraps it in a
@@ -585,7 +583,7 @@ def variable_device(variable):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class PartitionedModel(replicas.TemplateSaving, keras.Model):
+class PartitionedModel(replicas.TemplateBacked, keras.Model):
     """A Keras model that runs `template` as stages on several devices.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
@@ -593,6 +591,8 @@ class PartitionedModel(replicas.TemplateSaving, keras.Model):
     devices. `save`, `save_weights` and `load_weights` act on `template`, so
     files are plain Keras models that load with `keras.models.load_model`.
     """
+
+    parallelism = "model parallelism"
 
     def __init__(self, template, devices, stages, microbatches=1, **kwargs):
         inputs = keras.tree.map_structure(
@@ -649,15 +649,6 @@ class PartitionedModel(replicas.TemplateSaving, keras.Model):
                 "variable_bytes": _variable_bytes(variables),
             })
         return rows
-
-    def compile(self, *args, jit_compile=False, **kwargs):
-        if jit_compile is True:
-            warnings.warn(
-                "jit_compile=True ignored: XLA would compile the stages into "
-                "one cluster on one device, undoing model parallelism.",
-                UserWarning, stacklevel=2,
-            )
-        super().compile(*args, jit_compile=False, **kwargs)
 
     def get_config(self):
         return {

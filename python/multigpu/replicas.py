@@ -96,7 +96,17 @@ def forward_only_when_empty(train_fn, inference_fn):
     return guarded
 
 
-class DataParallel(keras.layers.Layer):
+class TemplateLayer(keras.layers.Layer):
+    """A layer that runs a (compiled) template model inside another model."""
+
+    @property
+    def metrics(self):
+        # The template's compiled metrics are the template's to report; the
+        # outer model has its own, computed on the merged outputs.
+        return []
+
+
+class DataParallel(TemplateLayer):
     """Runs `template` once per device on a slice of the batch.
 
     Not usually built directly: `multi_gpu_model` wraps it in a model whose
@@ -179,12 +189,6 @@ class DataParallel(keras.layers.Layer):
     def compute_output_spec(self, inputs, training=None):
         return self.template.compute_output_spec(inputs)
 
-    @property
-    def metrics(self):
-        # The template's compiled metrics are the template's to report; the
-        # parallel model has its own, computed on the merged outputs.
-        return []
-
     def get_config(self):
         config = super().get_config()
         config.update(
@@ -256,12 +260,39 @@ def symbolic_graph(model):
     return graph
 
 
-class TemplateSaving:
-    """Saving for models whose weights are those of `self.template`.
+class TemplateBacked:
+    """Compiling and saving for models whose weights are `self.template`'s.
 
-    `save`, `save_weights` and `load_weights` act on the template, so files
-    are plain Keras models. Shared by `ParallelModel` and `PartitionedModel`.
+    `compile` compiles the template alike, sharing the optimizer; `save`,
+    `save_weights` and `load_weights` act on the template, so files are plain
+    Keras models. Shared by `ParallelModel` and `PartitionedModel`.
     """
+
+    parallelism = "the device placement"
+
+    def compile(self, *args, jit_compile=False, **kwargs):
+        """Compiles like `keras.Model.compile`, and the template alike.
+
+        The template is (re)compiled with the same loss and metrics and
+        shares this model's optimizer, the one that trains the shared
+        weights: saved files then carry the compile configuration and the
+        optimizer state that training produced (even when the template had
+        been compiled before), and `template.evaluate` works after training
+        this model. `jit_compile` is always False: XLA would compile the step
+        into one cluster on one device.
+        """
+        if jit_compile is True:
+            warnings.warn(
+                "jit_compile=True ignored: XLA would compile the whole step "
+                f"into one cluster on one device, undoing {self.parallelism}.",
+                UserWarning, stacklevel=2,
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+        arguments = inspect.signature(keras.Model.compile).bind(
+            self.template, *args, **kwargs).arguments
+        arguments.pop("self")
+        arguments["optimizer"] = self.optimizer
+        self.template.compile(**arguments)
 
     def save(self, filepath, overwrite=True, **kwargs):
         """Saves `template` (architecture and the shared trained weights)."""
@@ -277,7 +308,7 @@ class TemplateSaving:
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ParallelModel(TemplateSaving, keras.Model):
+class ParallelModel(TemplateBacked, keras.Model):
     """A Keras model that runs one replica of `template` per device.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
@@ -288,6 +319,8 @@ class ParallelModel(TemplateSaving, keras.Model):
     model) act on `template`, so the files are plain Keras models that load
     with `keras.models.load_model` on any machine, with or without multigpu.
     """
+
+    parallelism = "data parallelism"
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
         graph = symbolic_graph(template)
@@ -320,30 +353,6 @@ class ParallelModel(TemplateSaving, keras.Model):
         """How a batch of `batch_size` rows is split: `[(device, rows)]`."""
         bounds = split_bounds(int(batch_size), len(self.devices))
         return [(d, bounds[i + 1] - bounds[i]) for i, d in enumerate(self.devices)]
-
-    def compile(self, *args, jit_compile=False, **kwargs):
-        """Compiles like `keras.Model.compile`, and the template alike.
-
-        The template is (re)compiled with the same loss and metrics and
-        shares this model's optimizer, the one that trains the shared
-        weights: saved files then carry the compile configuration and the
-        optimizer state that training produced (even when the template had
-        been compiled before), and `template.evaluate` works after training
-        the parallel model. `jit_compile` is always False: XLA would fuse
-        the replicas into one cluster on one device.
-        """
-        if jit_compile is True:
-            warnings.warn(
-                "jit_compile=True ignored: XLA fuses the replicas into one "
-                "cluster on one device, undoing data parallelism.",
-                UserWarning, stacklevel=2,
-            )
-        super().compile(*args, jit_compile=False, **kwargs)
-        arguments = inspect.signature(keras.Model.compile).bind(
-            self.template, *args, **kwargs).arguments
-        arguments.pop("self")
-        arguments["optimizer"] = self.optimizer
-        self.template.compile(**arguments)
 
     def get_config(self):
         return {

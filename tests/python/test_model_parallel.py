@@ -340,3 +340,13 @@ def test_invalid_types_and_microbatches():
         multigpu.model_parallel(fixed, devices=2, microbatches=2)
     assert multigpu.model_parallel(fixed, devices=2).stages == [
         [fixed.layers[0].name], [fixed.layers[1].name]]
+
+
+def test_saved_partitioned_model_keeps_compile_and_optimizer_state(rng, tmp_path):
+    partitioned = multigpu.model_parallel(deep_mlp(), devices=2)
+    partitioned.compile(optimizer="adam", loss="mse")
+    partitioned.fit(*data(rng, 16), epochs=2, batch_size=8, verbose=0)
+    assert partitioned.template.optimizer is partitioned.optimizer
+    partitioned.save(tmp_path / "partitioned.keras")
+    loaded = keras.models.load_model(tmp_path / "partitioned.keras")
+    assert loaded.compiled and int(loaded.optimizer.iterations) == 4
