@@ -48,7 +48,7 @@ $(PY_TEST_STAMP): $(PY_STAMP) | setup-r
 demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
-test: test-python test-r
+test: test-python test-r bench-quick
 
 test-python: setup-test
 	$(PY) -m pytest -q
@@ -56,3 +56,11 @@ test-python: setup-test
 test-r: setup-test
 	bash .ci/r-check.sh
 
+
+bench: setup-test
+	$(PY) -m bench --output docs/bench
+
+# CI runs the harness once so it never rots: it must run and write its
+# outputs (out/bench-quick); the numbers are not checked.
+bench-quick: setup-test
+	$(PY) -m bench --quick --output out/bench-quick

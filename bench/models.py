@@ -1,0 +1,131 @@
+"""The benchmarked models and their data.
+
+Three workloads, from overhead-bound to compute-bound:
+
+* `demo`: the demo job's model (`multigpu.demo.build_model`) on the demo's
+  data (scikit-learn's digit scans, `multigpu.demo.load_digits`), batch 64.
+* `cnn`: a small CIFAR-sized CNN on synthetic 32x32x3 images, batch 128.
+* `mlp_large`: a wide MLP (3 x 2048 hidden units) on synthetic 3,072-vectors,
+  batch 256, where the matrix products of each step dominate its overheads.
+
+Synthetic data is drawn with a fixed seed, so every configuration (and the
+R-driven run) trains on the same rows.
+"""
+
+import dataclasses
+
+import numpy as np
+
+NUM_CLASSES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A model, its data and how it is trained in the benchmark.
+
+    Attributes:
+        name: Short name used in the results.
+        description: One line for the report.
+        batch_size: Global batch size (split between the devices).
+        rounds: Timed epochs per configuration in a full run (one per
+            round), after `warmup_epochs` untimed ones.
+        warmup_epochs: Untimed first epochs (tracing, caches).
+    """
+
+    name: str
+    description: str
+    batch_size: int
+    rounds: int
+    warmup_epochs: int
+
+
+WORKLOADS = {
+    "demo": Workload(
+        "demo", "multigpu.demo CNN, 1,293 digit scans (8x8x1), batch 64",
+        batch_size=64, rounds=20, warmup_epochs=2),
+    "cnn": Workload(
+        "cnn", "small CNN (4 conv, 1.1M params), 1,024 synthetic 32x32x3 images, "
+        "batch 128",
+        batch_size=128, rounds=12, warmup_epochs=1),
+    "mlp_large": Workload(
+        "mlp_large", "MLP 3072-2048-2048-2048-10 (14.7M params), 1,024 synthetic rows, "
+        "batch 256",
+        batch_size=256, rounds=10, warmup_epochs=1),
+}
+
+
+def load_data(name, seed=0):
+    """Training inputs and integer labels of a workload, as numpy arrays.
+
+    Args:
+        name: A key of `WORKLOADS`.
+        seed: Seed of the synthetic data.
+
+    Returns:
+        `(x, y)`: float32 inputs, samples first, and int32 class labels.
+    """
+    if name == "demo":
+        from multigpu.demo import load_digits
+
+        (x, y), _, _ = load_digits(seed)
+        return x, y.astype("int32")
+    rng = np.random.default_rng(seed)
+    shape = {"cnn": (1024, 32, 32, 3), "mlp_large": (1024, 3072)}[name]
+    x = rng.random(shape, dtype=np.float32)
+    y = rng.integers(0, NUM_CLASSES, size=shape[0], dtype=np.int32)
+    return x, y
+
+
+def build_model(name):
+    """A fresh, uncompiled Keras model of a workload.
+
+    Args:
+        name: A key of `WORKLOADS`.
+
+    Returns:
+        A functional `keras.Model` with softmax outputs over 10 classes.
+    """
+    if name == "demo":
+        from multigpu.demo import build_model as demo_model
+
+        return demo_model()
+    return {"cnn": _small_cnn, "mlp_large": _large_mlp}[name]()
+
+
+def _small_cnn():
+    import keras
+
+    layers = keras.layers
+    inputs = keras.Input((32, 32, 3), name="image")
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    x = layers.Conv2D(32, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(256, activation="relu")(x)
+    x = layers.Dropout(0.3)(x)
+    outputs = layers.Dense(NUM_CLASSES, activation="softmax", name="label")(x)
+    return keras.Model(inputs, outputs, name="small_cnn")
+
+
+def _large_mlp():
+    import keras
+
+    inputs = keras.Input((3072,), name="features")
+    x = inputs
+    for i in range(3):
+        x = keras.layers.Dense(2048, activation="relu", name=f"hidden_{i}")(x)
+    outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax",
+                                 name="label")(x)
+    return keras.Model(inputs, outputs, name="large_mlp")
+
+
+def compile_args():
+    """The `compile` arguments every configuration uses."""
+    import keras
+
+    return dict(optimizer=keras.optimizers.Adam(1e-3),
+                loss="sparse_categorical_crossentropy",
+                metrics=["accuracy"])

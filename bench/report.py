@@ -1,0 +1,364 @@
+"""Turns measurements into the CSV files, the Markdown table and the plots."""
+
+import csv
+import math
+import statistics
+
+TARGET_WORKLOADS = ("demo", "cnn")
+TARGET_DEVICES = (2, 4)
+TARGET_VS_PLAIN = 0.95
+TARGET_R_TOLERANCE = 0.03
+
+COLUMNS = [
+    "workload", "devices", "config", "label", "runner", "engine",
+    "cpu_merge", "is_default", "driver", "api", "batch_size",
+    "rows_per_device", "train_samples_per_s", "train_best_samples_per_s",
+    "train_vs_plain", "train_best_vs_plain",
+    "train_vs_mirrored_by_hand", "train_vs_python", "train_cpu_ms_per_1k",
+    "predict_samples_per_s",
+    "predict_vs_plain", "peak_rss_mib", "peak_device_mib", "rounds",
+    "devices_used", "memory_locked", "status",
+]
+METADATA_COLUMNS = [
+    "run_started", "mode", "device_type", "cpu_model", "cpu_cores",
+    "gpu_names", "tensorflow", "keras", "python", "multigpu", "git_commit",
+    "load_before", "load_after",
+]
+RAW_COLUMNS = ["workload", "devices", "config", "phase", "round", "seconds",
+               "cpu_seconds", "samples_per_s", "major_faults"]
+
+
+def _median(values):
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+def _rates(run, key, phase):
+    """`{round: samples/s}` of one configuration in one phase."""
+    ready = run.ready.get(key)
+    if ready is None:
+        return {}
+    return {index: ready["num_samples"] / seconds
+            for k, p, index, seconds, *_ in run.samples
+            if k == key and p == phase}
+
+
+def _cpu_ms_per_1k(run, key, phase):
+    """Median CPU milliseconds (all threads) per 1,000 samples."""
+    ready = run.ready.get(key)
+    if ready is None:
+        return float("nan")
+    return _median([1e6 * cpu / ready["num_samples"]
+                    for k, p, _, _, cpu, *_ in run.samples
+                    if k == key and p == phase and cpu is not None])
+
+
+def _paired_ratio(numerator, denominator):
+    """Median over rounds of the ratio of two configurations' rates."""
+    rounds = sorted(set(numerator) & set(denominator))
+    return _median([numerator[r] / denominator[r] for r in rounds])
+
+
+def _best_ratio(numerator, denominator):
+    """Ratio of the best (least disturbed) rounds of two configurations."""
+    if not numerator or not denominator:
+        return float("nan")
+    return max(numerator.values()) / max(denominator.values())
+
+
+def _python_twin(config, configs):
+    """The Python configuration an R configuration is compared with."""
+    for other in configs:
+        if other.runner == "multi_gpu_model" and other.engine == config.engine \
+                and other.cpu_merge in (None, True):
+            return other
+    return None
+
+
+def aggregate(run):
+    """One result row per configuration of a `runner.GroupRun`."""
+    group = run.group
+    rows = []
+    train = {c.key: _rates(run, c.key, "epoch") for c in group.configs}
+    predict = {c.key: _rates(run, c.key, "predict") for c in group.configs}
+    for config in group.configs:
+        key = config.key
+        ready, done = run.ready.get(key, {}), run.done.get(key, {})
+        twin = _python_twin(config, group.configs) if config.runner == "r" \
+            else None
+        rows.append({
+            "workload": group.workload, "devices": group.devices,
+            "config": key, "label": config.label, "runner": config.runner,
+            "engine": config.engine or "", "cpu_merge": (
+                "" if config.cpu_merge is None else config.cpu_merge),
+            "is_default": config.is_default, "driver": config.driver,
+            "api": ready.get("api", ""), "batch_size": group.batch_size,
+            "rows_per_device": group.batch_size / (
+                1 if config.runner == "plain" else group.devices),
+            "train_samples_per_s": _median(train[key].values()),
+            "train_best_samples_per_s": max(train[key].values(),
+                                            default=float("nan")),
+            "train_best_vs_plain": _best_ratio(train[key], train["plain"]),
+            "train_vs_plain": _paired_ratio(train[key], train["plain"]),
+            "train_vs_mirrored_by_hand": _paired_ratio(
+                train[key], train.get("mirrored_by_hand", {})),
+            "train_vs_python": _paired_ratio(train[key], train[twin.key])
+            if twin else float("nan"),
+            "train_cpu_ms_per_1k": _cpu_ms_per_1k(run, key, "epoch"),
+            "predict_samples_per_s": _median(predict[key].values()),
+            "predict_vs_plain": _paired_ratio(predict[key], predict["plain"]),
+            "peak_rss_mib": done.get("peak_rss_mib", float("nan")),
+            "peak_device_mib": done.get("peak_device_mib"),
+            "rounds": len(train[key]),
+            "devices_used": " ".join(ready.get("devices_used", [])),
+            "memory_locked": ready.get("memory_locked", ""),
+            "status": _status(run, key),
+        })
+    return rows
+
+
+def _status(run, key):
+    if key in run.done:
+        return "ok"
+    if key in run.skipped:
+        return f"skipped: {run.skipped[key]}"
+    return f"failed: {run.failures.get(key, 'unknown')}".splitlines()[0]
+
+
+def raw_rows(run):
+    """One row per timed epoch or `predict` call."""
+    rows = []
+    for key, phase, index, seconds, cpu_seconds, faults in run.samples:
+        samples = run.ready[key]["num_samples"]
+        rows.append({
+            "workload": run.group.workload, "devices": run.group.devices,
+            "config": key, "phase": "train" if phase == "epoch" else phase,
+            "round": index, "seconds": round(seconds, 6),
+            "cpu_seconds": None if cpu_seconds is None
+            else round(cpu_seconds, 6),
+            "samples_per_s": round(samples / seconds, 2),
+            "major_faults": faults,
+        })
+    return rows
+
+
+def _format(value, digits=2):
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.{digits}f}"
+    return "" if value is None else value
+
+
+def write_csv(path, rows, columns, metadata=None):
+    with open(path, "w", newline="") as stream:
+        writer = csv.DictWriter(stream, fieldnames=columns + (
+            METADATA_COLUMNS if metadata else []))
+        writer.writeheader()
+        for row in rows:
+            row = {k: _format(v, 4) for k, v in row.items()}
+            writer.writerow({**row, **(metadata or {})})
+
+
+def check_targets(rows):
+    """The issue's acceptance targets, evaluated on this run's rows.
+
+    Returns:
+        A list of `(statement, measured, met)` tuples.
+    """
+    checks = []
+    index = {(r["workload"], r["devices"], r["config"]): r for r in rows}
+    defaults = [r for r in rows if r["is_default"]]
+    for row in defaults:
+        if row["workload"] not in TARGET_WORKLOADS or (
+                row["devices"] not in TARGET_DEVICES):
+            continue
+        where = f"{row['workload']}, {row['devices']} devices"
+        ratio = row["train_vs_plain"]
+        checks.append((f"default engine >= {TARGET_VS_PLAIN}x plain Keras "
+                       f"({where})", f"{ratio:.3f}x",
+                       ratio >= TARGET_VS_PLAIN))
+        by_hand = index.get((row["workload"], row["devices"],
+                             "mirrored_by_hand"))
+        if by_hand is not None:
+            ratio = row["train_vs_mirrored_by_hand"]
+            checks.append((f"default engine >= MirroredStrategy by hand "
+                           f"({where})", f"{ratio:.2f}x", ratio >= 1.0))
+    for row in rows:
+        if row["runner"] == "r" and not math.isnan(row["train_vs_python"]):
+            ratio = row["train_vs_python"]
+            checks.append((
+                f"R within {TARGET_R_TOLERANCE:.0%} of Python "
+                f"({row['workload']}, {row['devices']} device(s))",
+                f"{ratio:.3f}x", abs(ratio - 1) <= TARGET_R_TOLERANCE))
+    return checks
+
+
+def _description(workload):
+    from bench import models
+
+    spec = models.WORKLOADS.get(workload)
+    return spec.description if spec else ""
+
+
+def markdown_table(rows):
+    """The results as Markdown, one table per workload."""
+    lines = []
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    for workload in workloads:
+        lines += [f"#### {workload}", "",
+                  f"{_description(workload)}", "",
+                  "| devices | configuration | train samples/s | x plain "
+                  "| best x plain | x MS by hand | predict samples/s "
+                  "| x plain | peak RSS MiB | status |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in rows:
+            if r["workload"] != workload:
+                continue
+            label = r["label"] + (f" [{r['api']}]" if r["driver"] == "R"
+                                  else "")
+            if r["is_default"]:
+                label = f"**{label}**"
+            status = r["status"] if r["status"] == "ok" else \
+                r["status"][:80].replace("|", "/")
+            lines.append(
+                f"| {r['devices']} | {label} "
+                f"| {_format(r['train_samples_per_s'], 0)} "
+                f"| {_format(r['train_vs_plain'])} "
+                f"| {_format(r['train_best_vs_plain'])} "
+                f"| {_format(r['train_vs_mirrored_by_hand'])} "
+                f"| {_format(r['predict_samples_per_s'], 0)} "
+                f"| {_format(r['predict_vs_plain'])} "
+                f"| {_format(r['peak_rss_mib'], 0)} | {status} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def markdown_results(rows, metadata, notes, plots, image_prefix=""):
+    """Environment, targets, tables and plots, as Markdown (### headings).
+
+    Args:
+        rows: Aggregated rows.
+        metadata: Run metadata.
+        notes: Extra lines for the environment list.
+        plots: `(title, file name)` of the PNG files.
+        image_prefix: Path from the Markdown file to the PNG files.
+    """
+    lines = [f"Run started {metadata['run_started']} ({metadata['mode']} "
+             f"mode): `{metadata['command']}`.", "",
+             "### Environment", ""]
+    for key in ("device_type", "devices", "cpu_model", "cpu_cores",
+                "gpu_names", "tensorflow", "keras", "python", "multigpu",
+                "git_commit", "r", "load_before", "load_after"):
+        if metadata.get(key) not in (None, ""):
+            lines.append(f"- {key.replace('_', ' ')}: {metadata[key]}")
+    lines += [f"- {note}" for note in notes]
+    lines += ["", "Throughput is the median over rounds; ratios (x plain, "
+              "x MS by hand) are medians of per-round ratios to the "
+              "configuration measured in the same round, seconds apart. "
+              "best x plain compares the fastest (least disturbed) epochs.",
+              "", "### Targets", "", "| target | measured | met |",
+              "|---|---:|---|"]
+    for statement, measured, met in check_targets(rows):
+        lines.append(f"| {statement} | {measured} | "
+                     f"{'yes' if met else '**no**'} |")
+    lines += ["", "### Results", "", markdown_table(rows), "### Plots", ""]
+    lines += [f"![{title}]({image_prefix}{name})" for title, name in plots]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(rows, metadata, notes, plots):
+    """The stand-alone `results.md` of a run."""
+    return "# multigpu benchmark results\n\n" + markdown_results(
+        rows, metadata, notes, plots)
+
+
+def update_document(path, results):
+    """Replaces the results section of a Markdown document.
+
+    The section is the text between the `<!-- results:start -->` and
+    `<!-- results:end -->` lines; the document is left alone without them.
+
+    Returns:
+        Whether the document was updated.
+    """
+    start, end = "<!-- results:start -->", "<!-- results:end -->"
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{start}\n{results}{end}{tail}")
+    return True
+
+
+def plot(rows, path, phase, metadata):
+    """Throughput against device count, one column per workload.
+
+    The top row is samples/s (the dashed line: plain Keras on one device);
+    the bottom row the same as a ratio to plain Keras measured in the same
+    rounds, which load elsewhere on the machine affects least.
+
+    Args:
+        rows: Aggregated rows.
+        path: PNG file to write.
+        phase: `"train"` or `"predict"`.
+        metadata: Run metadata (device type: GPU plots get an ideal line).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    gpu = metadata.get("device_type") == "GPU"
+    figure, axes = plt.subplots(2, len(workloads), squeeze=False,
+                                sharex="col",
+                                figsize=(5.2 * len(workloads), 8.0))
+    for column, workload in enumerate(workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        _plot_panel(axes[0][column], mine, f"{phase}_samples_per_s", gpu,
+                    ratio=False)
+        _plot_panel(axes[1][column], mine, f"{phase}_vs_plain", gpu,
+                    ratio=True)
+        axes[0][column].set_title(workload)
+        axes[0][column].set_xlabel("")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center",
+                  ncol=min(3, len(labels)), fontsize="small", frameon=False)
+    figure.suptitle(
+        f"{'Training' if phase == 'train' else 'Inference'} throughput: "
+        f"{metadata.get('device_type')} devices, {metadata.get('cpu_cores')} "
+        f"cores, TensorFlow {metadata.get('tensorflow')}")
+    rows_of_legend = -(-len(labels) // 3)
+    figure.tight_layout(rect=(0, 0.025 + 0.03 * rows_of_legend, 1, 1))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _plot_panel(axis, rows, column, gpu, ratio):
+    counts = sorted({r["devices"] for r in rows})
+    reference = 1.0 if ratio else _median(
+        [r[column] for r in rows if r["runner"] == "plain"])
+    axis.axhline(reference, color="black", linestyle="--", linewidth=1.2,
+                 label="plain Keras, 1 device")
+    if gpu and len(counts) > 1:
+        axis.plot(counts, [reference * n for n in counts], color="grey",
+                  linestyle=":", label="ideal: N x one device")
+    labels = list(dict.fromkeys(r["label"] for r in rows
+                                if r["runner"] != "plain"))
+    for label in labels:
+        points = sorted((r["devices"], r[column]) for r in rows
+                        if r["label"] == label and not math.isnan(r[column]))
+        if points:
+            axis.plot(*zip(*points), marker="o", label=label,
+                      linewidth=2.4 if "(default)" in label else 1.2)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(counts, [str(n) for n in counts])
+    axis.set_xlabel("devices")
+    axis.set_ylabel("x plain Keras (same rounds)" if ratio else "samples/s")
+    top = max([v for v in (r[column] for r in rows) if not math.isnan(v)]
+              + [reference])
+    axis.set_ylim(0, top * 1.12)
+    axis.grid(alpha=0.3)
