@@ -115,7 +115,7 @@ def _default_devices(machine):
         _warn_once(
             "cpu-fallback",
             f"No GPU found: using the {len(chosen)} logical CPU devices "
-            f"{chosen} as replicas.",
+            f"{chosen}.",
         )
     else:
         chosen = machine["CPU"][:1]
@@ -148,7 +148,7 @@ def _devices_by_count(count, gpus, machine):
     if not machine["GPU"]:
         _warn_once(
             "cpu-fallback",
-            f"No GPU found: using {count} logical CPU devices as replicas.",
+            f"No GPU found: using {count} logical CPU devices.",
         )
     return pool[:count]
 

@@ -134,6 +134,6 @@ test_that("in a fresh session, the CPU fallback warning is an R warning", {
   ', env = paste0("RETICULATE_PYTHON=", multigpu_config()$python))
   output <- paste(output, collapse = "\n")
   expect_match(output, "class: multigpu_warning", fixed = TRUE)
-  expect_match(output, "message: No GPU found: using the 2 logical CPU devices ['/device:CPU:0', '/device:CPU:1'] as replicas.", fixed = TRUE)
+  expect_match(output, "message: No GPU found: using the 2 logical CPU devices ['/device:CPU:0', '/device:CPU:1'].", fixed = TRUE)
   expect_match(output, "call: multi_gpu_model(model)", fixed = TRUE)
 })
