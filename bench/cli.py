@@ -60,7 +60,7 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", type=pathlib.Path,
                         help="keep the workers' configs and logs here "
                              "(default: a temporary directory)")
-    parser.add_argument("--timeout", type=float, default=300,
+    parser.add_argument("--timeout", type=float, default=600,
                         help="seconds to wait for any one worker report")
     args = parser.parse_args(argv)
     if args.workloads and set(args.workloads) - set(models.WORKLOADS):

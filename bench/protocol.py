@@ -155,6 +155,16 @@ class WorkerHandle:
             self.process.send_signal(signal.SIGUSR1)
             time.sleep(2)
 
+    def close(self):
+        """Ends the worker if needed and closes the pipes to it."""
+        self.kill()
+        for stream in (self._commands,):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        os.close(self._reports)
+
     def kill(self, grace=0):
         """Ends the worker, after `grace` seconds to exit by itself."""
         try:

@@ -174,7 +174,7 @@ class GroupRun:
                     self.done[key] = report
         finally:
             for handle in self.handles.values():
-                handle.kill()
+                handle.close()
         return self
 
 
