@@ -259,6 +259,28 @@ class MirroredModel(keras.Model):
         self.template.load_weights(filepath, **kwargs)
         self.copy_from_template()
 
+    def call(self, inputs, training=None, mask=None):
+        """The replica's forward pass, safe on a share of zero rows.
+
+        A batch with fewer rows than replicas leaves some replicas nothing,
+        and kernels fail on zero rows (oneDNN: a convolution after MaxPooling
+        reports "input depth must be evenly divisible by filter depth") or,
+        in training, give BatchNormalization NaN statistics. Such a replica
+        runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
+        gradient, no side effects.
+        """
+        from multigpu import replicas  # noqa: PLC0415 - imports this module
+
+        def functional(args, training):
+            return super(MirroredModel, self).call(args, training=training,
+                                                   mask=mask)
+
+        logits_at = []
+        forward = replicas.flat_forward(functional, inputs, training, logits_at)
+        flat = replicas.with_logits(forward(*keras.tree.flatten(inputs)),
+                                    logits_at)
+        return keras.tree.pack_sequence_as(self._outputs_struct, flat)
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
         """Keras's loss, with exact gradients for batches split unevenly.

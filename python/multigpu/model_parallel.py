@@ -436,7 +436,7 @@ class Stages(replicas.TemplateLayer):
 
     def _stage_forward(self, stage, training):
         forward = self._plain_forward(stage, training)
-        if not (training is True and self.microbatches > 1):
+        if self.microbatches == 1:
             return forward
         return replicas.forward_only_when_empty(
             forward, self._plain_forward(stage, False))

@@ -87,23 +87,90 @@ def _on_device(device, forward, flat_inputs):
     return _differentiable_on(device, forward, flat_inputs)
 
 
-def forward_only_when_empty(train_fn, inference_fn):
-    """Guards a training function against empty batches.
+def forward_only_when_empty(forward, inference_fn):
+    """Guards a function of a batch against batches of zero rows.
 
-    Returns a function of the same inputs that runs `train_fn` when the first
-    input has rows, and otherwise `inference_fn` with no gradient: training
-    mode on zero rows feeds NaN batch statistics into BatchNormalization, and
-    some backward kernels (oneDNN's MaxPoolGrad) abort the process.
+    Returns a function of the same inputs that runs `forward` when the first
+    input has rows. On zero rows it runs `inference_fn` on one row of zeros
+    instead and returns its outputs cut to zero rows, with no gradient.
+    Kernels fail on zero rows (oneDNN: MaxPoolGrad aborts the process, a
+    convolution after MaxPooling reports "input depth must be evenly
+    divisible by filter depth") and training mode would feed
+    BatchNormalization NaN statistics; inference on one row has no side
+    effects.
+
+    Args:
+        forward: A function of flat input tensors to a list of tensors.
+        inference_fn: The same computation in inference mode.
     """
 
+    def on_no_rows(rows, *inputs):
+        outputs = inference_fn(*[_one_row_of_zeros(x) for x in inputs])
+        # `rows` (zero) rather than 0 keeps the batch size unknown in the
+        # graph, as the other branch's.
+        return [tf.stop_gradient(y[:rows]) for y in outputs]
+
     def guarded(*inputs):
+        rows = tf.shape(inputs[0])[0]
         return tf.cond(
-            tf.shape(inputs[0])[0] > 0,
-            lambda: train_fn(*inputs),
-            lambda: [tf.stop_gradient(y) for y in inference_fn(*inputs)],
+            rows > 0,
+            lambda: forward(*inputs),
+            lambda: on_no_rows(rows, *inputs),
         )
 
     return guarded
+
+
+def _one_row_of_zeros(tensor):
+    shape = tf.concat([[1], tf.shape(tensor)[1:]], axis=0)
+    if tensor.dtype == tf.string:
+        return tf.fill(shape, "")
+    return tf.zeros(shape, tensor.dtype)
+
+
+def flat_forward(model, inputs_struct, training, logits_at, guard=True):
+    """`model` as a function of flat inputs to flat outputs and their logits.
+
+    Keras attaches to softmax and sigmoid outputs the logits they were
+    computed from (`_keras_logits`), and its cross-entropy losses use them:
+    exact and stable where log(clip(p)) is not. Concatenating outputs, or
+    passing them through a `tf.cond`, would lose them, so the function also
+    returns the logits; `logits_at` receives the indices of the outputs that
+    have them (`with_logits` puts them back).
+
+    Args:
+        model: A callable Keras model or layer.
+        inputs_struct: The structure of its inputs.
+        training: The `training` argument of the calls.
+        logits_at: A list, filled in when the function is traced.
+        guard: Survive a batch of zero rows (see
+            `forward_only_when_empty`).
+    """
+
+    def forward_in(mode):
+        def forward(*flat):
+            args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
+            ys = keras.tree.flatten(model(args, training=mode))
+            logits = [getattr(y, "_keras_logits", None) for y in ys]
+            logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
+            return ys + [logits[i] for i in logits_at]
+
+        return forward
+
+    if not guard:
+        return forward_in(training)
+    return forward_only_when_empty(forward_in(training), forward_in(False))
+
+
+def with_logits(flat_outputs, logits_at):
+    """The outputs of a `flat_forward` function, its logits re-attached."""
+    values = list(flat_outputs[: len(flat_outputs) - len(logits_at)])
+    for index, logits in zip(logits_at, flat_outputs[len(values):]):
+        try:
+            values[index]._keras_logits = logits
+        except AttributeError:  # eager tensors take no attributes
+            pass
+    return values
 
 
 class TemplateLayer(keras.layers.Layer):
@@ -142,17 +209,17 @@ class DataParallel(TemplateLayer):
     def planned(self, devices, guard):
         """Traces calls in this block with `devices` and, if `guard`, guarded.
 
-        A caller that knows a training batch has at least one row per device
-        (`ParallelModel.train_step` decides once per step) can drop the
-        per-replica empty-batch guard, whose `tf.cond` and its gradient make a
-        training step up to 15% slower; it can also send a batch to one
-        device.
+        A caller that knows a batch has at least one row per device
+        (`ParallelModel`'s steps decide once per step) can drop the
+        per-replica zero-row guard, whose `tf.cond` (and its gradient, in
+        training) costs up to 15% of a step; it can also send a batch to
+        one device.
 
         Args:
             devices: The devices of the replicas, a non-empty sublist of
                 `self.devices`.
-            guard: Whether each replica runs forward-only on an empty
-                sub-batch (see `forward_only_when_empty`).
+            guard: Whether each replica survives a sub-batch of zero rows
+                (see `forward_only_when_empty`).
         """
         previous, self._plan = self._plan, (list(devices), guard)
         try:
@@ -161,32 +228,9 @@ class DataParallel(TemplateLayer):
             self._plan = previous
 
     def _forward(self, inputs_struct, training, logits_at, guard=True):
-        """The replica function: flat outputs, then the logits Keras kept.
-
-        Keras attaches to softmax and sigmoid outputs the logits they were
-        computed from (`_keras_logits`), and its cross-entropy losses use
-        them: exact and stable where log(clip(p)) is not. Concatenating the
-        replicas' outputs would lose them, so each replica also returns its
-        logits; `logits_at` receives the indices of the outputs that have
-        them.
-        """
-
-        def run(args, mode):
-            ys = keras.tree.flatten(self.template(args, training=mode))
-            logits = [getattr(y, "_keras_logits", None) for y in ys]
-            logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
-            return ys + [logits[i] for i in logits_at]
-
-        def forward_in(mode):
-            def forward(*flat):
-                args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
-                return run(args, mode)
-
-            return forward
-
-        if training is not True or not guard:
-            return forward_in(training)
-        return forward_only_when_empty(forward_in(True), forward_in(False))
+        """The replica function (see `flat_forward`), guarded if asked."""
+        return flat_forward(self.template, inputs_struct, training, logits_at,
+                            guard)
 
     def call(self, inputs, training=None):
         devices, guard = self._plan or (self.devices, True)
@@ -198,13 +242,8 @@ class DataParallel(TemplateLayer):
             merged = _on_device(devices[0], forward, flat_inputs)
         else:
             merged = self._replicated(forward, devices, flat_inputs)
-        values = merged[: len(merged) - len(logits_at)]
-        for index, logits in zip(logits_at, merged[len(values):]):
-            try:
-                values[index]._keras_logits = logits
-            except AttributeError:  # eager tensors take no attributes
-                pass
-        return keras.tree.pack_sequence_as(self._output_struct, values)
+        return keras.tree.pack_sequence_as(
+            self._output_struct, with_logits(merged, logits_at))
 
     def _replicated(self, forward, devices, flat_inputs):
         """Slices the batch, runs `forward` once per device, concatenates."""
@@ -383,29 +422,37 @@ class ParallelModel(TemplateBacked, keras.Model):
         return self.replicas_layer.merge_device
 
     def train_step(self, data):
-        """One training step, with one decision on how to split the batch.
+        return self._split_once(super().train_step, data)
+
+    def test_step(self, data):
+        return self._split_once(super().test_step, data)
+
+    def predict_step(self, data):
+        return self._split_once(super().predict_step, data)
+
+    def _split_once(self, step, data):
+        """Runs a Keras step with one decision on how to split its batch.
 
         A batch with at least one row per device is split between all
-        replicas with no per-replica guard. A smaller batch (at most the last
-        one of an epoch, or a batch size below the device count) trains on
-        the first device as one sub-batch, exactly as the template would,
-        guarded against zero rows. Both
-        steps are traced into one `tf.cond`, which runs only the branch it
-        takes; guarding every replica instead cost up to 15% of each step
-        (`bench/`).
+        replicas, with no per-replica guard. A smaller batch (at most the
+        last one of an epoch, or a batch size below the device count) runs
+        on the first device as one sub-batch, exactly as the template would,
+        guarded against zero rows. Both are traced into one `tf.cond`, which
+        runs only the branch it takes; a guard on every replica instead cost
+        up to 15% of each training step (`bench/`).
         """
         layer = self.replicas_layer
         devices = layer.devices
         rows = tf.shape(keras.tree.flatten(data)[0])[0]
 
-        def step(step_devices, guard):
+        def run(step_devices, guard):
             with layer.planned(step_devices, guard):
-                return super(ParallelModel, self).train_step(data)
+                return step(data)
 
         return tf.cond(
             rows >= len(devices),
-            lambda: step(devices, guard=False),
-            lambda: step(devices[:1], guard=True),
+            lambda: run(devices, guard=False),
+            lambda: run(devices[:1], guard=True),
         )
 
     def batch_split(self, batch_size):

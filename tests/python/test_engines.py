@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import multigpu
 from multigpu import mirrored
-from models import copy_of, data, max_weight_difference, mlp
+from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
 
 
 def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
@@ -151,3 +151,25 @@ def test_a_sequential_template_and_cpu_relocation(rng):
     x, _ = data(rng, 6)
     np.testing.assert_allclose(parallel.predict(x, verbose=0),
                                template.predict(x, verbose=0), atol=1e-6)
+
+
+def test_replicas_left_with_zero_rows_of_a_pooled_cnn(rng):
+    # A last batch of 1 row on 4 replicas: three get zero rows, on which
+    # oneDNN's convolution after MaxPooling fails ("input depth must be
+    # evenly divisible by filter depth").
+    template = pooled_cnn()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    x, y = images(rng, 9)
+    histories = []
+    for model in (reference, parallel):
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss="sparse_categorical_crossentropy")
+        histories.append(model.fit(x, y, batch_size=8, epochs=2,
+                                   shuffle=False, verbose=0))
+    assert max_weight_difference(template, reference) < 1e-5
+    np.testing.assert_allclose(histories[1].history["loss"],
+                               histories[0].history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(parallel.predict(x, batch_size=8, verbose=0),
+                               reference.predict(x, batch_size=8, verbose=0),
+                               atol=1e-5)

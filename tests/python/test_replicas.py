@@ -8,7 +8,7 @@ import tensorflow as tf
 import multigpu
 from multigpu.replicas import split_bounds
 
-from models import copy_of, data, max_weight_difference, mlp
+from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
@@ -336,3 +336,47 @@ def test_invalid_gpus_leave_the_model_untouched(rng):
     with pytest.raises(ValueError, match="received 1"):
         multigpu.multi_gpu_model(model, gpus=1)
     assert max(np.abs(a - b).max() for a, b in zip(before, model.get_weights())) == 0
+
+
+@pytest.mark.parametrize("rows, batch_size", [(9, 8), (3, 3), (2, 8)])
+def test_sub_batches_of_zero_rows_train_like_the_template(rng, rows, batch_size):
+    # 9 rows in batches of 8 end with a batch of 1: three of the four
+    # devices would get zero rows, which oneDNN's pooled convolutions reject.
+    template = pooled_cnn()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=4)
+    x, y = images(rng, rows)
+    histories = []
+    for model in (reference, parallel):
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss="sparse_categorical_crossentropy")
+        histories.append(model.fit(x, y, batch_size=batch_size, epochs=2,
+                                   shuffle=False, verbose=0))
+    assert max_weight_difference(template, reference) < TOLERANCE
+    np.testing.assert_allclose(histories[1].history["loss"],
+                               histories[0].history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(
+        parallel.predict(x, batch_size=batch_size, verbose=0),
+        reference.predict(x, batch_size=batch_size, verbose=0), atol=TOLERANCE)
+    assert parallel.evaluate(x, y, batch_size=batch_size, verbose=0) == (
+        pytest.approx(reference.evaluate(x, y, batch_size=batch_size,
+                                         verbose=0), rel=1e-5))
+
+
+def test_direct_calls_survive_sub_batches_of_zero_rows(rng):
+    # Outside Keras's steps (a custom loop, or the model used as a layer)
+    # every replica guards itself.
+    template = pooled_cnn()
+    parallel = multigpu.multi_gpu_model(template, gpus=4)
+    x, y = images(rng, 2)
+    np.testing.assert_allclose(parallel(x), template(x), atol=TOLERANCE)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    @tf.function
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    for got, want in zip(gradients(parallel), gradients(template)):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
