@@ -157,6 +157,8 @@ def run(config, channel):
 def announce(channel, model, used, num_samples, driver="python",
              api="python", memory_locked=False):
     """Sends `ready`: what runs, on which devices, on how many rows."""
+    if isinstance(used, str):  # R's one-element vector arrives as a string
+        used = [used]
     channel.send("ready", driver=driver, api=api,
                  devices_used=[str(d) for d in used],
                  engine_used=getattr(model, "engine", None),
