@@ -11,6 +11,7 @@ import datetime
 import os
 import pathlib
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,7 +142,7 @@ def prepare_r(configs, r_library):
     """
     if not any(c.runner == "r" for c in configs):
         return {}, [], False
-    if runner.shutil.which("Rscript") is None:
+    if shutil.which("Rscript") is None:
         return {c.key: "Rscript not found" for c in configs
                 if c.runner == "r"}, [], False
     installed, why = runner.install_r_package(

@@ -74,7 +74,9 @@ def accepted_variants(multigpu, engines, count):
 
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
-    gpus = count if count >= 2 else None
+    from bench.worker import gpus_argument
+
+    gpus = gpus_argument(count)
     variants, rejected = [], []
     for engine in engines:
         for cpu_merge in (True, False):

@@ -27,7 +27,7 @@ channel <- protocol$Channel$from_env()
 
 # The model from the R package's API, or from the Python core directly.
 parallel_model <- function(template, config) {
-  gpus <- if (config$devices >= 2L) as.integer(config$devices) else NULL
+  gpus <- worker$gpus_argument(config$devices)
   if (use_package) {
     model <- multi_gpu_model(template, gpus = gpus, engine = config$engine)
     do.call(compile, c(list(model), config$compile_args))
@@ -66,7 +66,6 @@ run <- function(config_path) {
   worker$configure_devices(config$devices, "multi_gpu_model")
   keras <- reticulate::import("keras")
   models <- reticulate::import("bench.models")
-  clock <- reticulate::import("time")
   keras$utils$set_random_seed(config$seed)
   data <- models$load_data(config$workload, config$seed)
   x <- data[[1]]  # an R double array, samples first
@@ -77,14 +76,8 @@ run <- function(config_path) {
                   api = if (use_package) "R package" else "reticulate",
                   memory_locked = !nzchar(lock_problem))
   train(model, x, y, config, lockstep$LockstepTimer(channel))
-  for (i in seq_len(config$predict_calls)) {
-    channel$wait()
-    started <- clock$perf_counter()
-    cpu_started <- clock$process_time()
-    infer(model, x, config)
-    channel$send("predict", seconds = clock$perf_counter() - started,
-                 cpu_seconds = clock$process_time() - cpu_started)
-  }
+  worker$timed_predictions(channel, function() infer(model, x, config),
+                           config$predict_calls)
   worker$finish(channel, model$devices)
 }
 

@@ -4,7 +4,6 @@ import json
 import os
 import pathlib
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,8 +35,6 @@ def install_r_package(library_dir, log):
         `(installed, note)`: whether the package API can be used, and why
         not when it cannot.
     """
-    if shutil.which("Rscript") is None:
-        return False, "Rscript not found"
     if not (REPO / "DESCRIPTION").exists():
         return False, "no R package (DESCRIPTION) in this checkout"
     if not (REPO / "NAMESPACE").exists():

@@ -143,15 +143,30 @@ def run(config, channel):
     announce(channel, model, used, len(x), memory_locked=not lock_problem)
     model.fit(x, y, batch_size=batch_size, epochs=int(config["epochs"]),
               callbacks=[lockstep.LockstepTimer(channel)], verbose=0)
-    for _ in range(int(config["predict_calls"])):
+    timed_predictions(
+        channel, lambda: model.predict(x, batch_size=batch_size, verbose=0),
+        config["predict_calls"])
+    finish(channel, used)
+
+
+def timed_predictions(channel, predict, calls):
+    """Runs `predict()` `calls` times, each when granted, and reports it.
+
+    Args:
+        channel: The worker's `Channel`.
+        predict: A function of no arguments (from R too, via reticulate).
+        calls: How many calls, warm-up included.
+    """
+    from bench import lockstep
+
+    for _ in range(int(calls)):
         channel.wait()
         started, cpu_started = time.perf_counter(), time.process_time()
         faults = lockstep.major_faults()
-        model.predict(x, batch_size=batch_size, verbose=0)
+        predict()
         channel.send("predict", seconds=time.perf_counter() - started,
                      cpu_seconds=time.process_time() - cpu_started,
                      major_faults=lockstep.major_faults() - faults)
-    finish(channel, used)
 
 
 def announce(channel, model, used, num_samples, driver="python",

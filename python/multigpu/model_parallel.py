@@ -447,19 +447,10 @@ class Stages(replicas.TemplateLayer):
         for stage, device in enumerate(self.devices):
             inputs = [values[i] for i in plan.needs[stage]]
             forward = self._stage_forward(stage, training)
-            with tf.name_scope(f"stage{stage}"):
-                if tf.executing_eagerly():
-                    # `tf.gradients` needs a graph; eager runs are for
-                    # debugging and keep only the forward placement.
-                    with tf.device(device):
-                        outputs = forward(*inputs)
-                else:
-                    # The outer scope places the IdentityN that wraps the
-                    # custom gradient, so activations go straight on.
-                    with tf.device(device):
-                        outputs = replicas._differentiable_on(
-                            device, forward, inputs
-                        )
+            # The outer scope also places the IdentityN that wraps the
+            # custom gradient, so activations go straight on.
+            with tf.name_scope(f"stage{stage}"), tf.device(device):
+                outputs = replicas._on_device(device, forward, inputs)
             values.update(zip(plan.exports[stage], outputs))
         return [values[id(x)] for x in plan.graph.outputs]
 

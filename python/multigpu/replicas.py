@@ -227,16 +227,12 @@ class DataParallel(TemplateLayer):
         finally:
             self._plan = previous
 
-    def _forward(self, inputs_struct, training, logits_at, guard=True):
-        """The replica function (see `flat_forward`), guarded if asked."""
-        return flat_forward(self.template, inputs_struct, training, logits_at,
-                            guard)
-
     def call(self, inputs, training=None):
         devices, guard = self._plan or (self.devices, True)
         flat_inputs = keras.tree.flatten(inputs)
         logits_at = []
-        forward = self._forward(inputs, training, logits_at, guard)
+        forward = flat_forward(self.template, inputs, training, logits_at,
+                               guard)
         if len(devices) == 1:
             # One device: nothing to slice or concatenate.
             merged = _on_device(devices[0], forward, flat_inputs)
