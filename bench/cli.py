@@ -21,6 +21,7 @@ from bench import models
 from bench import plan
 from bench import report
 from bench import runner
+from bench import stability
 
 
 DOCS_OUTPUT = runner.REPO / "docs" / "bench"
@@ -97,6 +98,10 @@ def _load():
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def _availability():
+    return stability.describe(stability.cpu_availability())
+
+
 def metadata_of(probe, args, started, r_note):
     """The environment recorded with the results."""
     argv = sys.argv[1:] if args.argv is None else args.argv
@@ -111,6 +116,7 @@ def metadata_of(probe, args, started, r_note):
         "python": probe["python"], "multigpu": probe["multigpu"],
         "git_commit": _git_commit(), "r": r_note,
         "load_before": _load(),
+        "cpu_availability_before": _availability(),
     }
 
 
@@ -179,6 +185,7 @@ def run_benchmark(args, started):
         runs = runner.run_groups(groups, env, args.seed, args.timeout, skip,
                                  workdir=args.workdir)
     metadata["load_after"] = _load()
+    metadata["cpu_availability_after"] = _availability()
     metadata["devices"] = _widest_device_list(runs)
     if any(not r.get("memory_locked", True) for run in runs
            for r in run.ready.values()):
@@ -202,8 +209,8 @@ def main(argv=None):
     notes.append(f"Wall time of the run: {time.monotonic() - clock:.0f} s.")
     write_outputs(output, rows, raws, metadata, notes)
     print(report.markdown_table(rows))
-    for statement, measured, met in report.check_targets(rows):
-        print(f"{'met    ' if met else 'NOT MET'}  {statement}: {measured}")
+    for statement, measured, outcome in report.check_targets(rows):
+        print(f"{outcome.upper():10s}  {statement}: {measured}")
     print(f"load average after: {metadata['load_after']}")
     print(f"wrote {output}/results.csv, raw.csv, results.md, train.png, "
           "predict.png")

@@ -42,7 +42,7 @@ class Workload:
 WORKLOADS = {
     "demo": Workload(
         "demo", "multigpu.demo CNN, 1,293 digit scans (8x8x1), batch 64",
-        batch_size=64, rounds=20, warmup_epochs=2),
+        batch_size=64, rounds=40, warmup_epochs=2),
     "cnn": Workload(
         "cnn", "small CNN (4 conv, 1.1M params), 1,024 synthetic 32x32x3 images, "
         "batch 128",

@@ -22,16 +22,22 @@ class Config:
         cpu_merge: The `cpu_merge=` of `multi_gpu_model` (None: default).
         is_default: Whether this is `multi_gpu_model` as called with no
             `engine`/`cpu_merge` argument.
+        twin: Whether this is a second process of the same configuration.
+            Its spread against the first is the run's noise floor: what
+            differs between two identical processes measured side by side.
     """
 
     runner: str
     engine: Optional[str] = None
     cpu_merge: Optional[bool] = None
     is_default: bool = False
+    twin: bool = False
 
     @property
     def key(self):
         """A short identifier, e.g. `"replicate"` or `"replicate_gpu_merge"`."""
+        if self.twin:
+            return dataclasses.replace(self, twin=False).key + "_twin"
         if self.runner in ("plain", "mirrored_by_hand"):
             return self.runner
         name = self.engine or "default"
@@ -49,8 +55,10 @@ class Config:
         name = f"multi_gpu_model {self.engine or ''}".strip()
         if self.cpu_merge is False:
             name += ", cpu_merge=False"
-        if self.is_default:
+        if self.is_default or self.twin:
             name += " (default)"
+        if self.twin:
+            name += ", second process"
         return f"R: {name}" if self.runner == "r" else name
 
     @property
@@ -82,6 +90,9 @@ class Group:
 def all_configs(probe):
     """Every configuration, given what `bench.probe` found, in table order.
 
+    The default engine runs in two processes (the second is its `twin`), so
+    every group measures how far two identical processes differ.
+
     Args:
         probe: The probe dict (`variants`, `default_engine`).
     """
@@ -89,9 +100,12 @@ def all_configs(probe):
     configs = [Config("plain")]
     for variant in probe["variants"]:
         engine, cpu_merge = variant["engine"], variant["cpu_merge"]
-        configs.append(Config(
-            "multi_gpu_model", engine, cpu_merge,
-            is_default=engine == default and cpu_merge is True))
+        config = Config("multi_gpu_model", engine, cpu_merge,
+                        is_default=engine == default and cpu_merge is True)
+        configs.append(config)
+        if config.is_default:
+            configs.append(dataclasses.replace(config, is_default=False,
+                                               twin=True))
     configs.append(Config("mirrored_by_hand"))
     configs.append(Config("r", default, None))
     return configs
@@ -101,12 +115,20 @@ def select_configs(configs, selection=None):
     """The configurations whose runner or key is in `selection` (None: all).
 
     `"default"` in `selection` selects `multi_gpu_model` as called with no
-    `engine`/`cpu_merge` argument.
+    `engine`/`cpu_merge` argument. A configuration's twin comes with it.
     """
     if not selection:
         return list(configs)
-    return [c for c in configs if c.runner in selection or c.key in selection
-            or ("default" in selection and c.is_default)]
+
+    chosen = []
+    for config in configs:
+        if config.twin:
+            if chosen and chosen[-1].key == config.key[:-len("_twin")]:
+                chosen.append(config)
+        elif (config.runner in selection or config.key in selection
+              or ("default" in selection and config.is_default)):
+            chosen.append(config)
+    return chosen
 
 
 def device_counts(probe, requested=None):

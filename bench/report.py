@@ -2,19 +2,27 @@
 
 import csv
 import math
+import random
 import statistics
 
 TARGET_WORKLOADS = ("demo", "cnn")
 TARGET_DEVICES = (2, 4)
 TARGET_VS_PLAIN = 0.95
 TARGET_R_TOLERANCE = 0.03
+# Resamples of the rounds for a ratio's confidence interval.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
 
 COLUMNS = [
     "workload", "devices", "config", "label", "runner", "engine",
     "cpu_merge", "is_default", "driver", "api", "batch_size",
     "rows_per_device", "train_samples_per_s", "train_best_samples_per_s",
-    "train_vs_plain", "train_best_vs_plain",
-    "train_vs_mirrored_by_hand", "train_vs_python", "train_cpu_ms_per_1k",
+    "train_vs_plain", "train_vs_plain_low", "train_vs_plain_high",
+    "train_best_vs_plain", "train_vs_mirrored_by_hand",
+    "train_vs_mirrored_by_hand_low", "train_vs_mirrored_by_hand_high",
+    "train_vs_python",
+    "train_vs_python_low", "train_vs_python_high", "train_vs_twin",
+    "train_vs_twin_low", "train_vs_twin_high", "train_cpu_ms_per_1k",
     "predict_samples_per_s",
     "predict_vs_plain", "peak_rss_mib", "peak_device_mib", "rounds",
     "devices_used", "memory_locked", "status",
@@ -22,7 +30,8 @@ COLUMNS = [
 METADATA_COLUMNS = [
     "run_started", "mode", "device_type", "cpu_model", "cpu_cores",
     "gpu_names", "tensorflow", "keras", "python", "multigpu", "git_commit",
-    "load_before", "load_after",
+    "load_before", "load_after", "cpu_availability_before",
+    "cpu_availability_after",
 ]
 RAW_COLUMNS = ["workload", "devices", "config", "phase", "round", "seconds",
                "cpu_seconds", "samples_per_s", "major_faults"]
@@ -53,10 +62,60 @@ def _cpu_ms_per_1k(run, key, phase):
                     if k == key and p == phase and cpu is not None])
 
 
+def _round_ratios(numerator, denominator):
+    """Per-round ratios of two configurations' `{round: rate}`."""
+    rounds = sorted(set(numerator) & set(denominator))
+    return [numerator[r] / denominator[r] for r in rounds]
+
+
 def _paired_ratio(numerator, denominator):
     """Median over rounds of the ratio of two configurations' rates."""
-    rounds = sorted(set(numerator) & set(denominator))
-    return _median([numerator[r] / denominator[r] for r in rounds])
+    return _median(_round_ratios(numerator, denominator))
+
+
+def median_interval(values, resamples=BOOTSTRAP_RESAMPLES,
+                    confidence=CONFIDENCE, seed=0):
+    """A percentile-bootstrap confidence interval of the median.
+
+    It reflects how much the rounds disagree, not what differs between two
+    processes (see the twin configuration) or between runs.
+
+    Returns:
+        `(low, high)`, NaN for fewer than 3 values.
+    """
+    values = [v for v in values if not math.isnan(v)]
+    if len(values) < 3:
+        return float("nan"), float("nan")
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(rng.choices(values, k=len(values)))
+        for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return (medians[int(tail * (resamples - 1))],
+            medians[int((1 - tail) * (resamples - 1))])
+
+
+def _ratio_columns(name, numerator, denominator):
+    """`{name, name_low, name_high}`: a paired ratio and its interval."""
+    ratios = _round_ratios(numerator, denominator) if denominator else []
+    low, high = median_interval(ratios)
+    return {name: _median(ratios), f"{name}_low": low, f"{name}_high": high}
+
+
+def _python_rates(config, configs, train):
+    """Per-round rates of the Python counterpart of an R configuration.
+
+    With a twin, the geometric mean of both Python processes, so the
+    comparison leans on neither one process's luck.
+    """
+    counterpart = _python_counterpart(config, configs)
+    if counterpart is None:
+        return {}
+    first = train[counterpart.key]
+    second = train.get(counterpart.key + "_twin")
+    if not second:
+        return first
+    return {r: math.sqrt(first[r] * second[r]) for r in first if r in second}
 
 
 def _best_ratio(numerator, denominator):
@@ -66,11 +125,12 @@ def _best_ratio(numerator, denominator):
     return max(numerator.values()) / max(denominator.values())
 
 
-def _python_twin(config, configs):
+def _python_counterpart(config, configs):
     """The Python configuration an R configuration is compared with."""
     for other in configs:
-        if other.runner == "multi_gpu_model" and other.engine == config.engine \
-                and other.cpu_merge in (None, True):
+        if other.runner == "multi_gpu_model" and not other.twin and \
+                other.engine == config.engine and \
+                other.cpu_merge in (None, True):
             return other
     return None
 
@@ -84,8 +144,9 @@ def aggregate(run):
     for config in group.configs:
         key = config.key
         ready, done = run.ready.get(key, {}), run.done.get(key, {})
-        twin = _python_twin(config, group.configs) if config.runner == "r" \
-            else None
+        python = _python_rates(config, group.configs, train) \
+            if config.runner == "r" else {}
+        twin = train.get(key + "_twin") if not config.twin else None
         rows.append({
             "workload": group.workload, "devices": group.devices,
             "config": key, "label": config.label, "runner": config.runner,
@@ -99,11 +160,11 @@ def aggregate(run):
             "train_best_samples_per_s": max(train[key].values(),
                                             default=float("nan")),
             "train_best_vs_plain": _best_ratio(train[key], train["plain"]),
-            "train_vs_plain": _paired_ratio(train[key], train["plain"]),
-            "train_vs_mirrored_by_hand": _paired_ratio(
-                train[key], train.get("mirrored_by_hand", {})),
-            "train_vs_python": _paired_ratio(train[key], train[twin.key])
-            if twin else float("nan"),
+            **_ratio_columns("train_vs_plain", train[key], train["plain"]),
+            **_ratio_columns("train_vs_mirrored_by_hand", train[key],
+                             train.get("mirrored_by_hand")),
+            **_ratio_columns("train_vs_python", train[key], python),
+            **_ratio_columns("train_vs_twin", train[key], twin),
             "train_cpu_ms_per_1k": _cpu_ms_per_1k(run, key, "epoch"),
             "predict_samples_per_s": _median(predict[key].values()),
             "predict_vs_plain": _paired_ratio(predict[key], predict["plain"]),
@@ -158,37 +219,81 @@ def write_csv(path, rows, columns, metadata=None):
             writer.writerow({**row, **(metadata or {})})
 
 
+def verdict(low, high, minimum=None, maximum=None):
+    """Whether a ratio's confidence interval meets a target.
+
+    Args:
+        low, high: The interval (NaN: too few rounds to have one).
+        minimum, maximum: The target's bounds (None: unbounded).
+
+    Returns:
+        `"met"` when the whole interval is inside the bounds, `"not met"`
+        when all of it is outside, else `"unresolved"`: this run cannot
+        tell the difference from noise.
+    """
+    if math.isnan(low) or math.isnan(high):
+        return "unresolved"
+    minimum = -math.inf if minimum is None else minimum
+    maximum = math.inf if maximum is None else maximum
+    if minimum <= low and high <= maximum:
+        return "met"
+    if high < minimum or low > maximum:
+        return "not met"
+    return "unresolved"
+
+
+def _measured(row, name, twin_row):
+    """`0.963x (95% CI 0.93-0.99; twin processes 1.02x)`."""
+    text = f"{row[name]:.3f}x"
+    low, high = row[f"{name}_low"], row[f"{name}_high"]
+    details = []
+    if not math.isnan(low):
+        details.append(f"{CONFIDENCE:.0%} CI {low:.2f}-{high:.2f}")
+    if twin_row is not None and not math.isnan(twin_row["train_vs_twin"]):
+        details.append(f"identical processes {twin_row['train_vs_twin']:.2f}x")
+    return text + (f" ({'; '.join(details)})" if details else "")
+
+
 def check_targets(rows):
     """The issue's acceptance targets, evaluated on this run's rows.
 
+    Each is judged on the confidence interval of its ratio (see `verdict`);
+    the measured text also gives the spread between the default engine's
+    two identical processes in the same group, the run's noise floor.
+
     Returns:
-        A list of `(statement, measured, met)` tuples.
+        A list of `(statement, measured, verdict)` tuples.
     """
     checks = []
     index = {(r["workload"], r["devices"], r["config"]): r for r in rows}
-    defaults = [r for r in rows if r["is_default"]]
-    for row in defaults:
-        if row["workload"] not in TARGET_WORKLOADS or (
-                row["devices"] not in TARGET_DEVICES):
+    defaults = {(r["workload"], r["devices"]): r for r in rows
+                if r["is_default"]}
+    for (workload, devices), row in defaults.items():
+        if workload not in TARGET_WORKLOADS or devices not in TARGET_DEVICES:
             continue
-        where = f"{row['workload']}, {row['devices']} devices"
-        ratio = row["train_vs_plain"]
-        checks.append((f"default engine >= {TARGET_VS_PLAIN}x plain Keras "
-                       f"({where})", f"{ratio:.3f}x",
-                       ratio >= TARGET_VS_PLAIN))
-        by_hand = index.get((row["workload"], row["devices"],
-                             "mirrored_by_hand"))
-        if by_hand is not None:
-            ratio = row["train_vs_mirrored_by_hand"]
-            checks.append((f"default engine >= MirroredStrategy by hand "
-                           f"({where})", f"{ratio:.2f}x", ratio >= 1.0))
+        where = f"{workload}, {devices} devices"
+        checks.append((
+            f"default engine >= {TARGET_VS_PLAIN}x plain Keras ({where})",
+            _measured(row, "train_vs_plain", row),
+            verdict(row["train_vs_plain_low"], row["train_vs_plain_high"],
+                    minimum=TARGET_VS_PLAIN)))
+        if (workload, devices, "mirrored_by_hand") in index:
+            checks.append((
+                f"default engine >= MirroredStrategy by hand ({where})",
+                _measured(row, "train_vs_mirrored_by_hand", None),
+                verdict(row["train_vs_mirrored_by_hand_low"],
+                        row["train_vs_mirrored_by_hand_high"], minimum=1.0)))
     for row in rows:
         if row["runner"] == "r" and not math.isnan(row["train_vs_python"]):
-            ratio = row["train_vs_python"]
             checks.append((
                 f"R within {TARGET_R_TOLERANCE:.0%} of Python "
                 f"({row['workload']}, {row['devices']} device(s))",
-                f"{ratio:.3f}x", abs(ratio - 1) <= TARGET_R_TOLERANCE))
+                _measured(row, "train_vs_python", defaults.get(
+                    (row["workload"], row["devices"]))),
+                verdict(row["train_vs_python_low"],
+                        row["train_vs_python_high"],
+                        minimum=1 - TARGET_R_TOLERANCE,
+                        maximum=1 + TARGET_R_TOLERANCE)))
     return checks
 
 
@@ -197,6 +302,15 @@ def _description(workload):
 
     spec = models.WORKLOADS.get(workload)
     return spec.description if spec else ""
+
+
+def _with_interval(row, name):
+    """`0.96 [0.93, 0.99]`, or the ratio alone without an interval."""
+    text = _format(row[name])
+    low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
+    if text and low is not None and not math.isnan(low):
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text
 
 
 def markdown_table(rows):
@@ -222,7 +336,7 @@ def markdown_table(rows):
             lines.append(
                 f"| {r['devices']} | {label} "
                 f"| {_format(r['train_samples_per_s'], 0)} "
-                f"| {_format(r['train_vs_plain'])} "
+                f"| {_with_interval(r, 'train_vs_plain')} "
                 f"| {_format(r['train_best_vs_plain'])} "
                 f"| {_format(r['train_vs_mirrored_by_hand'])} "
                 f"| {_format(r['predict_samples_per_s'], 0)} "
@@ -247,19 +361,27 @@ def markdown_results(rows, metadata, notes, plots, image_prefix=""):
              "### Environment", ""]
     for key in ("device_type", "devices", "cpu_model", "cpu_cores",
                 "gpu_names", "tensorflow", "keras", "python", "multigpu",
-                "git_commit", "r", "load_before", "load_after"):
+                "git_commit", "r", "load_before", "load_after",
+                "cpu_availability_before", "cpu_availability_after"):
         if metadata.get(key) not in (None, ""):
             lines.append(f"- {key.replace('_', ' ')}: {metadata[key]}")
     lines += [f"- {note}" for note in notes]
     lines += ["", "Throughput is the median over rounds; ratios (x plain, "
               "x MS by hand) are medians of per-round ratios to the "
-              "configuration measured in the same round, seconds apart. "
-              "best x plain compares the fastest (least disturbed) epochs.",
+              "configuration measured in the same round, seconds apart, "
+              f"with a {CONFIDENCE:.0%} bootstrap interval over the rounds "
+              "in brackets. best x plain compares the fastest (least "
+              "disturbed) epochs. The default engine runs in two identical "
+              "processes (the second process row): how far they differ is "
+              "the noise floor of the run, which no interval over rounds "
+              "shows. A target is met when its whole interval is inside the "
+              "bound, not met when all of it is outside, and unresolved "
+              "otherwise.",
               "", "### Targets", "", "| target | measured | met |",
               "|---|---:|---|"]
-    for statement, measured, met in check_targets(rows):
-        lines.append(f"| {statement} | {measured} | "
-                     f"{'yes' if met else '**no**'} |")
+    for statement, measured, outcome in check_targets(rows):
+        shown = {"met": "yes", "not met": "**no**"}.get(outcome, outcome)
+        lines.append(f"| {statement} | {measured} | {shown} |")
     lines += ["", "### Results", "", markdown_table(rows), "### Plots", ""]
     lines += [f"![{title}]({image_prefix}{name})" for title, name in plots]
     return "\n".join(lines) + "\n"

@@ -60,6 +60,72 @@ def test_writes_markdown_and_plots(quick_run):
     markdown = (quick_run / "results.md").read_text()
     assert "| devices | configuration | train samples/s | x plain |" in markdown
     assert "## Environment" in markdown and "## Targets" in markdown
+    assert "cpu availability before: median" in markdown
+    assert "second process" in markdown
     for name in ("train.png", "predict.png"):
         assert (quick_run / name).read_bytes()[:8] == PNG_MAGIC
         assert f"]({name})" in markdown
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_rounds():
+    import random
+
+    from bench import report
+
+    rng = random.Random(1)
+    few = [1 + rng.gauss(0, 0.05) for _ in range(10)]
+    many = [1 + rng.gauss(0, 0.05) for _ in range(400)]
+    low, high = report.median_interval(few)
+    assert low <= sorted(few)[5] and sorted(few)[4] <= high
+    many_low, many_high = report.median_interval(many)
+    assert many_high - many_low < high - low
+    assert report.median_interval(few) == (low, high)  # seeded
+    assert all(map(lambda v: v != v, report.median_interval([1.0, 2.0])))
+
+
+def test_verdict_needs_the_whole_interval_on_one_side():
+    from bench import report
+
+    assert report.verdict(0.96, 0.99, minimum=0.95) == "met"
+    assert report.verdict(0.90, 0.94, minimum=0.95) == "not met"
+    assert report.verdict(0.93, 0.97, minimum=0.95) == "unresolved"
+    assert report.verdict(0.98, 1.02, 0.97, 1.03) == "met"
+    assert report.verdict(1.04, 1.10, 0.97, 1.03) == "not met"
+    assert report.verdict(1.01, 1.05, 0.97, 1.03) == "unresolved"
+    assert report.verdict(float("nan"), float("nan"), minimum=0.95) == \
+        "unresolved"
+
+
+def test_the_default_engine_runs_twice_and_its_twin_follows_selection():
+    from bench import plan
+
+    probe = {"default_engine": "replicate", "variants": [
+        {"engine": "replicate", "cpu_merge": True},
+        {"engine": "mirrored", "cpu_merge": True}]}
+    configs = plan.all_configs(probe)
+    keys = [c.key for c in configs]
+    assert keys.index("replicate_twin") == keys.index("replicate") + 1
+    twin = configs[keys.index("replicate_twin")]
+    assert not twin.is_default and twin.label.endswith("second process")
+    for selection in (["default"], ["replicate"], ["multi_gpu_model"]):
+        chosen = [c.key for c in plan.select_configs(configs, selection)]
+        assert "replicate_twin" in chosen, selection
+    chosen = [c.key for c in plan.select_configs(configs, ["mirrored", "r"])]
+    assert "replicate_twin" not in chosen and "mirrored" in chosen
+
+
+def test_r_is_compared_with_both_python_processes():
+    from bench import plan
+    from bench import report
+
+    configs = [plan.Config("plain"),
+               plan.Config("multi_gpu_model", "replicate", True, True),
+               plan.Config("multi_gpu_model", "replicate", True, twin=True),
+               plan.Config("r", "replicate")]
+    train = {"replicate": {0: 100.0, 1: 90.0},
+             "replicate_twin": {0: 81.0, 1: 40.0}}
+    rates = report._python_rates(configs[3], configs, train)
+    assert rates == {0: 90.0, 1: 60.0}
+    del train["replicate_twin"]
+    assert report._python_rates(configs[3], configs, train) == \
+        train["replicate"]
