@@ -9,6 +9,11 @@ RUNNER_ORDER = ("plain", "multi_gpu_model", "mirrored_by_hand", "r")
 DEVICE_COUNTS = (1, 2, 4, 8)
 
 
+def twin_key(key):
+    """The key of the second process of the configuration `key`."""
+    return f"{key}_twin"
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One way of training a workload.
@@ -37,7 +42,7 @@ class Config:
     def key(self):
         """A short identifier, e.g. `"replicate"` or `"replicate_gpu_merge"`."""
         if self.twin:
-            return dataclasses.replace(self, twin=False).key + "_twin"
+            return twin_key(dataclasses.replace(self, twin=False).key)
         if self.runner in ("plain", "mirrored_by_hand"):
             return self.runner
         name = self.engine or "default"
@@ -123,7 +128,7 @@ def select_configs(configs, selection=None):
     chosen = []
     for config in configs:
         if config.twin:
-            if chosen and chosen[-1].key == config.key[:-len("_twin")]:
+            if chosen and twin_key(chosen[-1].key) == config.key:
                 chosen.append(config)
         elif (config.runner in selection or config.key in selection
               or ("default" in selection and config.is_default)):

@@ -5,6 +5,8 @@ import math
 import random
 import statistics
 
+from bench import plan
+
 TARGET_WORKLOADS = ("demo", "cnn")
 TARGET_DEVICES = (2, 4)
 TARGET_VS_PLAIN = 0.95
@@ -112,7 +114,7 @@ def _python_rates(config, configs, train):
     if counterpart is None:
         return {}
     first = train[counterpart.key]
-    second = train.get(counterpart.key + "_twin")
+    second = train.get(plan.twin_key(counterpart.key))
     if not second:
         return first
     return {r: math.sqrt(first[r] * second[r]) for r in first if r in second}
@@ -146,7 +148,7 @@ def aggregate(run):
         ready, done = run.ready.get(key, {}), run.done.get(key, {})
         python = _python_rates(config, group.configs, train) \
             if config.runner == "r" else {}
-        twin = train.get(key + "_twin") if not config.twin else None
+        twin = None if config.twin else train.get(plan.twin_key(key))
         rows.append({
             "workload": group.workload, "devices": group.devices,
             "config": key, "label": config.label, "runner": config.runner,
@@ -243,7 +245,7 @@ def verdict(low, high, minimum=None, maximum=None):
 
 
 def _measured(row, name, twin_row):
-    """`0.963x (95% CI 0.93-0.99; twin processes 1.02x)`."""
+    """`0.963x (95% CI 0.93-0.99; identical processes 1.02x)`."""
     text = f"{row[name]:.3f}x"
     low, high = row[f"{name}_low"], row[f"{name}_high"]
     details = []
