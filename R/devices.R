@@ -12,6 +12,11 @@
 #' @param device_type `"CPU"` (default) or `"GPU"`.
 #' @param memory_limit For `"GPU"`, the memory of each logical GPU in MiB
 #'   (required); must be `NULL` for `"CPU"`.
+#' @param threads For `"CPU"`, the compute threads of each logical device, in
+#'   a pool of its own as separate devices have. `NULL` (default) gives each
+#'   device its share of the cores (at least 1), or the intra-op threads the
+#'   program already set; `0` keeps TensorFlow's one pool shared by all
+#'   devices.
 #' @returns The names of the logical devices, e.g.
 #'   `c("/device:CPU:0", "/device:CPU:1")`.
 #' @family devices
@@ -20,10 +25,12 @@
 #' library(multigpu)
 #' virtual_devices(2)
 #' available_devices()
-virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL) {
+virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
+                            threads = NULL) {
   call_core("virtual_devices", as_count(n, null_ok = FALSE),
             device_type = device_type,
-            memory_limit = as_count(memory_limit))
+            memory_limit = as_count(memory_limit),
+            threads = as_count(threads))
 }
 
 #' Devices TensorFlow can place work on

@@ -249,7 +249,7 @@ def resolve_devices(gpus=None):
     return devices
 
 
-def virtual_devices(n, device_type="CPU", memory_limit=None):
+def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     """Splits the first physical device of a type into `n` logical devices.
 
     Must run before TensorFlow initialises its devices (before the first op,
@@ -261,6 +261,14 @@ def virtual_devices(n, device_type="CPU", memory_limit=None):
         device_type: `"CPU"` or `"GPU"`.
         memory_limit: For `"GPU"`, the memory of each logical GPU in MiB
             (required). Not accepted for `"CPU"`.
+        threads: For `"CPU"`, the compute (intra-op) threads of each logical
+            device, in a thread pool of its own, as separate devices have
+            their own compute. `None` (the default) gives each device its
+            share of the cores, `cores // n` (at least 1), unless the
+            program already set intra-op threads (`tf.config.threading`,
+            `TF_NUM_INTRAOP_THREADS`), which each device then gets. `0`
+            keeps TensorFlow's default: one pool of `cores` threads shared
+            by all logical devices. Ignored for one device.
 
     Returns:
         The names of the logical devices carved out of that physical device,
@@ -296,6 +304,17 @@ def virtual_devices(n, device_type="CPU", memory_limit=None):
             f"Invalid `memory_limit`: received {memory_limit!r} for CPU "
             "devices; memory_limit applies to GPUs only, leave it None."
         )
+    if threads is not None and (not _is_int(threads) or int(threads) < 0):
+        raise ValueError(
+            f"Invalid `threads`: received {threads!r}; expected None (each "
+            "logical CPU device gets its share of the cores), an int >= 1 "
+            "(threads per device) or 0 (TensorFlow's one shared pool)."
+        )
+    if device_type == "GPU" and threads is not None:
+        raise ValueError(
+            f"Invalid `threads`: received {threads!r} for GPU devices; "
+            "threads applies to logical CPU devices only, leave it None."
+        )
     if device_type == "GPU" and (
         not _is_int(memory_limit) or int(memory_limit) <= 0
     ):
@@ -330,4 +349,29 @@ def virtual_devices(n, device_type="CPU", memory_limit=None):
             "virtual_devices() right after library(multigpu), or restart the "
             "R session."
         ) from None
+    if device_type == "CPU" and n > 1:
+        _own_thread_pools(n, threads)
     return names
+
+
+def _own_thread_pools(n, threads):
+    """Gives each logical CPU device a compute thread pool of its own.
+
+    By default TensorFlow runs the kernels of all CPU devices in one pool of
+    `cores` threads, so N replicas' small kernels queue for the same threads
+    and each kernel splits across all cores: on the demo model, 4 replicas
+    of 16 rows ran at 0.71x one device of 64 rows (`docs/benchmarks.md`).
+    `TF_OVERRIDE_GLOBAL_THREADPOOL` makes every device own a pool of the
+    intra-op size, read when TensorFlow creates its devices.
+    """
+    if threads == 0:
+        # Inherited from a parent process that split its own CPU.
+        os.environ.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
+        return
+    if threads is None:
+        threads = tf.config.threading.get_intra_op_parallelism_threads()
+    if not threads and not os.environ.get("TF_NUM_INTRAOP_THREADS"):
+        threads = max(1, len(os.sched_getaffinity(0)) // n)
+    os.environ["TF_OVERRIDE_GLOBAL_THREADPOOL"] = "1"
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(int(threads))

@@ -1,5 +1,10 @@
 """Device resolution and simulated devices."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -180,6 +185,11 @@ def test_virtual_devices_after_start_explains_instead_of_tf_error():
     (dict(n=2, device_type="GPU"), "received None; splitting a GPU needs"),
     (dict(n=2, device_type="GPU", memory_limit=-1), "received -1"),
     (dict(n=2, device_type="GPU", memory_limit=1024), "has no physical GPU"),
+    (dict(n=2, threads=-1), "Invalid `threads`: received -1"),
+    (dict(n=2, threads=1.5), "Invalid `threads`: received 1.5"),
+    (dict(n=2, threads="2"), "Invalid `threads`: received '2'"),
+    (dict(n=2, device_type="GPU", memory_limit=1024, threads=2),
+     "threads applies to logical CPU devices only"),
 ])
 def test_virtual_devices_rejects_bad_arguments(kwargs, problem):
     with pytest.raises(ValueError) as caught:
@@ -202,3 +212,66 @@ def test_virtual_devices_splits_a_gpu_with_memory_limits(monkeypatch):
     (device, configs), = calls
     assert device is gpu
     assert [c.memory_limit for c in configs] == [2048, 2048]
+
+
+def thread_pools(n, threads, env=None, before=""):
+    """What `virtual_devices(n, threads=threads)` set up, in a fresh process.
+
+    Returns the intra-op threads TensorFlow was configured with, whether
+    devices own their pools, and the process's thread count once the
+    devices exist (each pool's threads are started with its device).
+    """
+    script = textwrap.dedent(f"""
+        import json, os
+        import tensorflow as tf
+        import multigpu
+        {before}
+        multigpu.virtual_devices({n}, threads={threads!r})
+        tf.config.list_logical_devices()
+        print(json.dumps(dict(
+            intra=tf.config.threading.get_intra_op_parallelism_threads(),
+            own=os.environ.get("TF_OVERRIDE_GLOBAL_THREADPOOL"),
+            threads=len(os.listdir("/proc/self/task")))))
+    """)
+    # This test process split its CPU already, and children inherit that.
+    inherited = {k: v for k, v in os.environ.items()
+                 if k != "TF_OVERRIDE_GLOBAL_THREADPOOL"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True,
+        timeout=180, env={**inherited, "TF_CPP_MIN_LOG_LEVEL": "2",
+                          **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_each_logical_cpu_device_owns_a_pool_of_threads():
+    three, one = thread_pools(2, 3), thread_pools(2, 1)
+    assert (three["intra"], three["own"]) == (3, "1")
+    assert (one["intra"], one["own"]) == (1, "1")
+    # Two devices with a pool each: 2 x (3 - 1) more threads.
+    assert three["threads"] - one["threads"] == 4
+
+
+def test_threads_default_to_each_devices_share_of_the_cores():
+    shared = thread_pools(2, None)
+    assert shared["intra"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert shared["own"] == "1"
+
+
+def test_threads_zero_keeps_tensorflows_one_shared_pool():
+    shared = thread_pools(2, 0)
+    assert (shared["intra"], shared["own"]) == (0, None)
+    inherited = thread_pools(2, 0, env={"TF_OVERRIDE_GLOBAL_THREADPOOL": "1"})
+    assert inherited["own"] is None
+    assert inherited["threads"] == shared["threads"]
+
+
+def test_threads_the_program_set_are_kept_per_device():
+    from_api = thread_pools(
+        2, None, before="tf.config.threading.set_intra_op_parallelism_threads(3)")
+    assert (from_api["intra"], from_api["own"]) == (3, "1")
+    from_env = thread_pools(2, None, env={"TF_NUM_INTRAOP_THREADS": "3"})
+    # TensorFlow reads the variable itself; the session setting stays unset.
+    assert (from_env["intra"], from_env["own"]) == (0, "1")
+    assert from_env["threads"] == thread_pools(2, 3)["threads"]

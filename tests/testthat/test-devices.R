@@ -28,6 +28,7 @@ test_that("virtual_devices() rejects NA, negative and non-whole n in R", {
   expect_error(virtual_devices(2.5), "`n` is not a whole number: received 2.5", class = "multigpu_value_error")
   expect_error(virtual_devices(c(2, 4)), "`n` must be a single whole number", class = "multigpu_value_error")
   expect_error(virtual_devices(4, memory_limit = -5), "`memory_limit` is negative", class = "multigpu_value_error")
+  expect_error(virtual_devices(4, threads = 1.5), "`threads` is not a whole number: received 1.5", class = "multigpu_value_error")
 })
 
 test_that("virtual_devices() leaves the rest to Python, whose message reaches R", {
@@ -38,6 +39,10 @@ test_that("virtual_devices() leaves the rest to Python, whose message reaches R"
   # memory_limit = 1024 arrives as the Python int 1024, not 1024.0.
   expect_error(virtual_devices(4, memory_limit = 1024),
                "Invalid `memory_limit`: received 1024 for CPU devices", fixed = TRUE,
+               class = "multigpu_value_error")
+  # threads = 2 arrives as the Python int 2 (a float would be refused).
+  expect_error(virtual_devices(4, device_type = "GPU", memory_limit = 1024, threads = 2),
+               "Invalid `threads`: received 2 for GPU devices", fixed = TRUE,
                class = "multigpu_value_error")
   expect_error(virtual_devices(4, device_type = "TPU"),
                "Invalid `device_type`: received 'TPU'", fixed = TRUE,
