@@ -103,6 +103,7 @@ def probe():
 
     import keras
     import multigpu
+    from multigpu.devices import usable_cores
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
@@ -118,8 +119,7 @@ def probe():
         "gpu_names": gpu_names(tf),
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "usable_cores": usable_cores(),
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,

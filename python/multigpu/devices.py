@@ -368,10 +368,22 @@ def _own_thread_pools(n, threads):
         # Inherited from a parent process that split its own CPU.
         os.environ.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
         return
-    if threads is None:
-        threads = tf.config.threading.get_intra_op_parallelism_threads()
-    if not threads and not os.environ.get("TF_NUM_INTRAOP_THREADS"):
-        threads = max(1, len(os.sched_getaffinity(0)) // n)
     os.environ["TF_OVERRIDE_GLOBAL_THREADPOOL"] = "1"
-    if threads:
-        tf.config.threading.set_intra_op_parallelism_threads(int(threads))
+    program_set = (tf.config.threading.get_intra_op_parallelism_threads()
+                   or os.environ.get("TF_NUM_INTRAOP_THREADS"))
+    if threads is None and program_set:
+        return  # the program's own size, now per device
+    tf.config.threading.set_intra_op_parallelism_threads(
+        int(threads or max(1, usable_cores() // n)))
+
+
+def usable_cores():
+    """The cores this process may run on (its affinity where the OS has it).
+
+    Returns:
+        An int >= 1: `os.sched_getaffinity` on Linux, `os.cpu_count()`
+        elsewhere (macOS and Windows have no affinity call).
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -275,3 +275,15 @@ def test_threads_the_program_set_are_kept_per_device():
     # TensorFlow reads the variable itself; the session setting stays unset.
     assert (from_env["intra"], from_env["own"]) == (0, "1")
     assert from_env["threads"] == thread_pools(2, 3)["threads"]
+
+
+def test_usable_cores_falls_back_to_cpu_count_without_affinity(monkeypatch):
+    """macOS and Windows have no `os.sched_getaffinity`."""
+    from multigpu.devices import usable_cores
+
+    assert usable_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cores() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cores() == 1
