@@ -131,6 +131,13 @@ with_python <- function(expr, call = caller_call()) {
   }
   on.exit(leave(), add = TRUE)
   reticulate::py_clear_last_error()
+  # The core renders the values and function names in its messages in the
+  # caller's language: R here (NULL, TRUE, c(0, 1), virtual_devices(n)).
+  if (isTRUE(.globals$ready)) {
+    messages <- reticulate::import("multigpu.messages", convert = FALSE)
+    token <- messages$set_language("r")
+    on.exit(messages$reset_language(token), add = TRUE)
+  }
   # Only the outermost call captures: reticulate's capture is not
   # reentrant (a nested one, e.g. from an R function Python calls back,
   # would leave Python's stdout closed).

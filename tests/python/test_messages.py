@@ -1,0 +1,48 @@
+"""Messages spell values and calls in the caller's language."""
+
+import numpy as np
+import pytest
+
+from multigpu import messages
+
+
+@pytest.mark.parametrize("value, python, r", [
+    (None, "None", "NULL"),
+    (True, "True", "TRUE"),
+    (np.bool_(False), "False", "FALSE"),
+    (2, "2", "2"),
+    (np.int64(3), "3", "3"),
+    (2.5, "2.5", "2.5"),
+    (2.0, "2.0", "2"),
+    (float("nan"), "nan", "NaN"),
+    (float("-inf"), "-inf", "-Inf"),
+    ("a\"b", "'a\"b'", '"a\\"b"'),
+    ([0, 1], "[0, 1]", "c(0, 1)"),
+    (["/gpu:0", "/gpu:1"], "['/gpu:0', '/gpu:1']", 'c("/gpu:0", "/gpu:1")'),
+    ([0, "a"], "[0, 'a']", 'list(0, "a")'),
+    ([None], "[None]", "list(NULL)"),
+    ({"a": 1}, "{'a': 1}", "list(a = 1)"),
+])
+def test_literal_in_each_language(value, python, r):
+    assert messages.literal(value) == python
+    with messages.language("r"):
+        assert messages.literal(value) == r
+    assert messages.literal(value) == python
+
+
+def test_api_and_literals_follow_the_language():
+    assert messages.api("virtual_devices", "n") == "multigpu.virtual_devices(n)"
+    assert messages.literals([True, False]) == "True or False"
+    token = messages.set_language("r")
+    try:
+        assert messages.api("virtual_devices", "n") == "virtual_devices(n)"
+        assert messages.literals([None, 1, "x"]) == 'NULL, 1, or "x"'
+    finally:
+        messages.reset_language(token)
+    assert messages.current_language() == "python"
+
+
+def test_unknown_language_is_refused_naming_it():
+    with pytest.raises(ValueError, match="received 'julia'"):
+        with messages.language("julia"):
+            pass
