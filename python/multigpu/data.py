@@ -7,12 +7,16 @@ a file), `shuffle`, `prefetch(AUTOTUNE)`, and set the auto-shard policy that
 multi-worker strategies use to split the data between workers.
 """
 
+import itertools
 import os
+import threading
 import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from multigpu.messages import api
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,
@@ -21,6 +25,74 @@ _SHARD_POLICIES = {
     "off": tf.data.experimental.AutoShardPolicy.OFF,
 }
 _BATCHED = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
+
+# The epoch a training loop is in, announced by the checkpoint callbacks at
+# each epoch's start (None outside such training). Seeded shuffles read it
+# when an epoch's iteration starts, so the order of epoch e depends on
+# (seed, e) only and a run resumed at epoch e replays it exactly.
+_training_epoch = [None]
+_epoch_lock = threading.Lock()
+
+
+def set_training_epoch(epoch):
+    """Announces the epoch that the next iterations of the data belong to.
+
+    Called by `checkpoint_callbacks` at every epoch's start (and with None
+    when training ends). Datasets from `distributed_dataset(shuffle=True,
+    seed=...)` then shuffle epoch `epoch` in an order that depends only on
+    the seed and `epoch`, so a resumed run sees the same order as an
+    uninterrupted one. Without an announcement they count their own
+    iterations instead.
+
+    Args:
+        epoch: An int >= 0, or None.
+    """
+    with _epoch_lock:
+        _training_epoch[0] = None if epoch is None else int(epoch)
+
+
+def training_epoch():
+    """The epoch announced by `set_training_epoch`, or None."""
+    with _epoch_lock:
+        return _training_epoch[0]
+
+
+def replay_problem(dataset):
+    """Why `dataset` may give other batches when an epoch is replayed, or None.
+
+    A resumed run replays the interrupted epoch exactly only when each
+    epoch's batches depend on the epoch alone. A `shuffle` that reshuffles
+    every iteration (without the epoch-keyed order of `distributed_dataset`'s
+    seeded shuffle) orders epoch e by how many epochs this process has
+    iterated, and random datasets draw anew.
+
+    Args:
+        dataset: A `tf.data.Dataset`.
+
+    Returns:
+        A sentence naming the transformation, or None when the dataset's
+        order depends only on the epoch.
+    """
+    seen, pending = set(), [dataset]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        kind = type(current).__name__
+        if kind == "_ShuffleDataset" and getattr(
+                current, "_reshuffle_each_iteration", False):
+            return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
+                    "True), whose order in a resumed epoch differs; use "
+                    f"{api('distributed_dataset', 'x, y, shuffle=True, seed=...')}"
+                    ", whose order depends on the seed and the epoch only")
+        if kind in ("_RandomDataset", "RandomDataset", "_GeneratorDataset"):
+            return f"it draws from {kind.strip('_')}, which is not replayed"
+        try:
+            pending.extend(current._inputs())
+        except (AttributeError, TypeError):
+            pass
+    return None
 
 
 def num_replicas(strategy=None):
@@ -136,9 +208,39 @@ def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
             )
         shuffle_buffer = max(rows, 1)
     shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
-    return dataset.shuffle(
-        shuffle_buffer, seed=seed, reshuffle_each_iteration=True
-    )
+    if seed is None:
+        return dataset.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
+    return _epoch_keyed_shuffle(dataset, rows, shuffle_buffer, seed)
+
+
+def _epoch_keyed_shuffle(dataset, rows, buffer, seed):
+    """A shuffle whose order in epoch e depends on (seed, e) only.
+
+    The epoch is the one announced by `set_training_epoch` when an
+    iteration starts; without one, the dataset counts its own iterations
+    (every iteration reshuffles, as `reshuffle_each_iteration=True` does).
+    """
+    iterations = itertools.count()
+
+    def epoch_seed():
+        epoch = training_epoch()
+        epoch = next(iterations) if epoch is None else epoch
+        return np.int64(hash((seed, epoch)) & 0x7FFFFFFFFFFFFFFF)
+
+    def one_epoch(_):
+        # Traced in a function graph that inherits the global seed; the
+        # order must depend on `seed` and the epoch only, not on whether
+        # the program set a global seed before making the dataset.
+        tf.compat.v1.get_default_graph().seed = None
+        epoch_op_seed = tf.py_function(epoch_seed, [], tf.int64)
+        epoch_op_seed.set_shape([])
+        return dataset.shuffle(buffer, seed=epoch_op_seed,
+                               reshuffle_each_iteration=False)
+
+    shuffled = tf.data.Dataset.from_tensors(np.int64(0)).flat_map(one_epoch)
+    if rows is not None:
+        shuffled = shuffled.apply(tf.data.experimental.assert_cardinality(rows))
+    return shuffled
 
 
 def _global_batch(per_replica, replicas, rows):
