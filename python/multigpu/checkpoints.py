@@ -20,6 +20,7 @@ checkpoint or the new one, never a torn file.
 
 import glob
 import inspect
+import io
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.backend.common import global_state
+from keras.src.saving import saving_lib
 
 from multigpu import data as data_lib
 from multigpu.messages import api
@@ -271,9 +273,11 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         self._final_path = None
         try:
             super()._save_model(epoch, batch, logs)
-        except Exception:
+        except Exception as error:
             if self._final_path is not None:
                 _remove_quietly(_temp_path(self._final_path))
+            if isinstance(error, OSError):
+                raise write_error(error, self._final_path or self.filepath)
             raise
         final = self._final_path
         if final is not None and os.path.exists(_temp_path(final)):
@@ -447,21 +451,14 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         state_path = os.path.join(self.backup_dir, f"state-{version}.json")
         written = []
         try:
-            _write_atomically(weights, lambda temp: self.model.save_weights(
-                temp, overwrite=True), written)
+            _write_atomically(weights, lambda temp: save_weights_file(
+                self.model, temp), written)
             _write_atomically(state_path, lambda temp: _dump(state, temp),
                               written)
             _write_atomically(self._training_metadata_path,
                               lambda temp: _dump(state, temp), written)
         except OSError as error:
-            raise OSError(
-                error.errno,
-                f"checkpoint_callbacks could not write the training state to "
-                f"{literal(self.backup_dir)} ({error.strerror or error}); the "
-                "committed checkpoints are intact and the partial file was "
-                "removed. Free disk space (or choose another checkpoint_dir) "
-                "and run again to resume.",
-            ) from error
+            raise write_error(error, self.backup_dir)
         self._version = version
         self._weights_path = weights
         self._prune_states(keep=(version, version - 1))
@@ -478,6 +475,43 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             match = _STATE_PATTERN.match(name) or _WEIGHTS_PATTERN.match(name)
             if match and int(match[1]) not in keep:
                 _remove_quietly(os.path.join(self.backup_dir, name))
+
+
+def save_weights_file(model, path):
+    """Writes `model.save_weights`'s `.weights.h5` content to `path`.
+
+    The HDF5 file is built in memory and written with plain Python I/O:
+    when the disk fills up, h5py's own writer leaves a half-closed file
+    whose later clean-up crashes the interpreter (segmentation fault at
+    exit), whereas a Python write raises `OSError` and leaves nothing open.
+    Keras's `H5IOStore` takes an `io.BytesIO` for exactly this kind of use.
+
+    Args:
+        model: A built `keras.Model`.
+        path: The file to write.
+    """
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    try:
+        saving_lib._save_state(model, weights_store=store, assets_store=None,
+                               inner_path="", visited_saveables=set())
+    finally:
+        store.close()
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+        f.flush()
+
+
+def write_error(error, path):
+    """The `OSError` to raise when writing a checkpoint to `path` failed."""
+    return OSError(
+        error.errno,
+        f"checkpoint_callbacks could not write the checkpoint "
+        f"{literal(os.fspath(path))} ({error.strerror or error}); the "
+        "committed checkpoints are intact and the partial file was removed. "
+        "Free disk space (or choose another checkpoint_dir) and run again to "
+        "resume.",
+    )
 
 
 def _dump(state, path):

@@ -209,17 +209,17 @@ def test_a_crash_between_weights_and_epoch_keeps_them_consistent(
     model.fit(x, y, batch_size=8, epochs=1, verbose=0,
               callbacks=multigpu.checkpoint_callbacks(tmp_path))
     after_epoch_1 = model.get_weights()
-    real_save_weights = keras.Model.save_weights
+    real_save_weights = checkpoints.save_weights_file
 
-    def save_then_die(self, *args, **kwargs):
-        real_save_weights(self, *args, **kwargs)
+    def save_then_die(model, path):
+        real_save_weights(model, path)
         raise Crash()  # weights on disk, epoch not recorded yet
 
-    monkeypatch.setattr(keras.Model, "save_weights", save_then_die)
+    monkeypatch.setattr(checkpoints, "save_weights_file", save_then_die)
     with pytest.raises(Crash):
         model.fit(x, y, batch_size=8, epochs=3, verbose=0,
                   callbacks=multigpu.checkpoint_callbacks(tmp_path))
-    monkeypatch.setattr(keras.Model, "save_weights", real_save_weights)
+    monkeypatch.undo()
     probe = _probe_restart(tmp_path)
     assert probe.first_epoch == 1
     for got, want in zip(probe.start_weights, after_epoch_1):
@@ -357,19 +357,17 @@ def test_a_full_disk_gives_a_clear_error_and_keeps_the_committed_state(
     x, y = data(rng, 16)
     model = _trained_into(tmp_path, x, y, epochs=1)
     before = _files(tmp_path / "backup")
-    real_save_weights = keras.Model.save_weights
-
-    def disk_full(self, filepath, *args, **kwargs):
-        with open(filepath, "wb") as f:
+    def disk_full(model, path):
+        with open(path, "wb") as f:
             f.write(b"\x89HDF partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(keras.Model, "save_weights", disk_full)
-    with pytest.raises(OSError, match=r"could not write the training state.*"
-                       r"No space left on device.*intact"):
+    monkeypatch.setattr(checkpoints, "save_weights_file", disk_full)
+    with pytest.raises(OSError, match=r"could not write the checkpoint.*"
+                       r"backup.*No space left on device.*intact"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
                   callbacks=multigpu.checkpoint_callbacks(tmp_path))
-    monkeypatch.setattr(keras.Model, "save_weights", real_save_weights)
+    monkeypatch.undo()
     assert _files(tmp_path / "backup") == before  # temp file removed
     assert _probe_restart(tmp_path).first_epoch == 1
 
@@ -389,3 +387,33 @@ def test_numpy_scalars_are_accepted(tmp_path):
     callbacks = multigpu.checkpoint_callbacks(
         tmp_path, save_freq=np.int64(2), max_to_keep=np.int32(1))
     assert callbacks[0].save_freq == 2 and callbacks[1].max_to_keep == 1
+
+
+DISK_FULL = os.path.join(HERE, "workers", "disk_full.py")
+
+
+def test_a_really_full_disk_raises_oserror_not_a_segfault(tmp_path):
+    """A 300 KiB tmpfs fills up during training (needs root to mount)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k",
+                              "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root); the failing "
+                    "writer test covers the same code path")
+    try:
+        for units in (600, 1200):  # the backup, then the model, hits ENOSPC
+            directory = mount / f"ckpt-{units}"
+            result = subprocess.run(
+                [sys.executable, DISK_FULL, str(directory), str(units)],
+                capture_output=True, text=True, timeout=RUN_TIMEOUT)
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert "OSError: [Errno 28] checkpoint_callbacks could not write" \
+                in result.stdout
+            assert "intact" in result.stdout
+            names = [n for _, _, files in os.walk(directory) for n in files]
+            assert not [n for n in names if n.startswith(".tmp")], names
+            assert "weights-1.weights.h5" in names
+            subprocess.run(["rm", "-rf", str(directory)], check=True)
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
