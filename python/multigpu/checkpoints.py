@@ -220,9 +220,9 @@ def _adapter_problem(epoch_iterator):
     adapter = getattr(epoch_iterator, "data_adapter", None)
     kind = type(adapter).__name__
     if kind == "ArrayDataAdapter" and getattr(adapter, "_shuffle", False):
-        return ("fit(shuffle=True) shuffles arrays without a seed; pass "
-                "shuffle=False, or a dataset made by "
-                f"{api('distributed_dataset', 'x, y, shuffle=True, seed=...')}")
+        return (f"fit(shuffle={literal(True)}) shuffles arrays without a "
+                f"seed; pass shuffle={literal(False)}, or a dataset made by "
+                f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}")
     if kind in ("GeneratorDataAdapter", "PyDatasetAdapter"):
         return ("a Python generator or PyDataset is replayed only if it "
                 "yields the same batches in every epoch")

@@ -86,7 +86,7 @@ def replay_problem(dataset):
                 current, "_reshuffle_each_iteration", False):
             return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
                     "True), whose order in a resumed epoch differs; use "
-                    f"{api('distributed_dataset', 'x, y, shuffle=True, seed=...')}"
+                    f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}"
                     ", whose order depends on the seed and the epoch only")
         if kind in ("_RandomDataset", "RandomDataset", "_GeneratorDataset"):
             return f"it draws from {kind.strip('_')}, which is not replayed"
