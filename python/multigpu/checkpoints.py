@@ -1,21 +1,27 @@
-"""Fault tolerance: checkpoint every epoch (or N batches), resume after a crash.
+"""Fault tolerance: checkpoint every epoch (or N batches), resume exactly.
 
-`checkpoint_callbacks(checkpoint_dir)` gives Keras's own callbacks:
+`checkpoint_callbacks(checkpoint_dir)` gives Keras's own callbacks,
+subclassed:
 
-* `keras.callbacks.BackupAndRestore` keeps the training state (weights,
-  optimizer state and the epoch reached) in `checkpoint_dir/backup`; a
-  restarted `fit` restores it and resumes at the epoch that was interrupted.
+* `keras.callbacks.BackupAndRestore` keeps the training state in
+  `checkpoint_dir/backup`: weights and optimizer state, the epoch and the
+  batches trained in it, and the seed-generator states. A restarted `fit`
+  (or `fit_distributed`) restores it, resumes at that epoch and skips the
+  batches already trained (its train function draws them without training),
+  so it continues exactly where the killed run committed. A corrupt state
+  falls back to the previous one, then to the newest `ckpt-*.keras`.
 * `keras.callbacks.ModelCheckpoint` writes full models,
-  `checkpoint_dir/ckpt-{epoch}.keras`, that load anywhere.
+  `checkpoint_dir/ckpt-{epoch}.keras`, that load anywhere; the newest
+  `max_to_keep` are kept.
 
-Both are subclassed only to make their writes atomic: a file is written under
-a temporary name and renamed into place, and the backup's weights and epoch
-are committed together by one rename of its metadata file, so a process
-killed at any moment (SIGKILL, OOM killer, preemption) leaves either the old
-checkpoint or the new one, never a torn file.
+Every file is written under a temporary name and renamed into place, and the
+backup's weights and position are committed together by one rename of its
+metadata file, so a process killed at any moment (SIGKILL, OOM killer,
+preemption) leaves either the old checkpoint or the new one, never a torn
+file. In multi-worker training only the chief writes.
 
 `make_or_restore_model(checkpoint_dir, build_fn)` returns the newest
-`ckpt-*.keras` model, or `build_fn()` when there is none.
+`ckpt-*.keras` model (by epoch and batch), or `build_fn()` when there is none.
 """
 
 import glob
@@ -304,6 +310,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._position = position or ResumePosition()
         self._trained_since_save = 0
         self._trained_in_epoch = 0
+        self._resumed_epoch = None
+        self._version = 0
 
     def on_train_begin(self, logs=None):
         if os.path.isdir(self.backup_dir) and writes_checkpoints(self.model):
@@ -327,7 +335,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
-        resumed = getattr(self, "_resumed_epoch", None) == epoch
+        resumed = self._resumed_epoch == epoch
         self._trained_in_epoch = self._position.skip if resumed else 0
         data_lib.set_training_epoch(epoch)
 
@@ -436,7 +444,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             # The chief writes; the others read the same directory.
             return
         os.makedirs(self.backup_dir, exist_ok=True)
-        version = max(getattr(self, "_version", 0), self._newest_version()) + 1
+        version = max(self._version, self._newest_version()) + 1
         name = f"weights-{version}.weights.h5"
         weights = os.path.join(self.backup_dir, name)
         state = {

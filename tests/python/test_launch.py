@@ -273,3 +273,28 @@ def test_cli_rejects_negative_timeouts(capsys, option):
                         _script("echo_config.py")]) == 2
     assert f"`{option[2:].replace('-', '_')}`: received -5.0" in \
         capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_freq", ["1", "epoch"])
+def test_multi_worker_resume_ends_like_an_uninterrupted_run(tmp_path,
+                                                            save_freq):
+    """Killing worker 0 (the chief) or worker 1 changes no final weight."""
+    runs = {}
+    for name, kills in (("unbroken", []),
+                        ("killed", [("1", "5"), ("0", "11")])):
+        ckpt, out = tmp_path / f"{name}-ckpt", tmp_path / name
+        out.mkdir()
+        for worker, step in kills:
+            with pytest.raises(launch.LaunchError, match="SIGKILL"):
+                launch.launch(_script("mw_checkpoints.py"),
+                              [str(ckpt), str(out), "--save-freq", save_freq,
+                               "--kill-worker", worker, "--at-step", step],
+                              workers=2, timeout=RUN_TIMEOUT)
+        assert launch.launch(_script("mw_checkpoints.py"),
+                             [str(ckpt), str(out), "--save-freq", save_freq],
+                             workers=2, timeout=RUN_TIMEOUT) == 0
+        runs[name] = np.load(out / "weights-1.npz")
+    for key in runs["unbroken"]:
+        np.testing.assert_allclose(runs["killed"][key], runs["unbroken"][key],
+                                   atol=1e-6, rtol=0)

@@ -80,3 +80,35 @@ def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path):
                 np.testing.assert_allclose(
                     got[key], want[key], atol=1e-6, rtol=0,
                     err_msg=f"{path}, save_freq={freq}, kills {plan}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("save_freq", ["1", "3", "epoch"])
+def test_soak_killed_at_random_times_from_outside(tmp_path, path, save_freq):
+    """SIGKILLs from outside at seeded random times until a run finishes."""
+    rng = np.random.default_rng(hash((SEED, path, save_freq)) % 2**32)
+    code, stderr = _run(path, "epoch", tmp_path / "unbroken",
+                        tmp_path / "unbroken.npz")
+    assert code == 0, stderr[-2000:]
+    out, kills = tmp_path / "resumed.npz", 0
+    while True:
+        process = subprocess.Popen(
+            [sys.executable, WORKER, path, save_freq, str(tmp_path / "ckpt"),
+             str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # Up to 15 kills, then the run may finish (a loaded machine
+            # could otherwise never reach the next checkpoint).
+            process.wait(timeout=float(rng.uniform(4.0, 12.0))
+                         if kills < 15 else RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            kills += 1
+            continue
+        assert process.returncode == 0
+        break
+    got, want = np.load(out), np.load(tmp_path / "unbroken.npz")
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-6, rtol=0,
+                                   err_msg=f"after {kills} kills")
