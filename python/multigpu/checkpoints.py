@@ -36,7 +36,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.backend.common import global_state
-from keras.src.saving import saving_lib
 
 from multigpu import data as data_lib
 from multigpu.messages import api
@@ -120,8 +119,8 @@ def _check_save_freq(save_freq):
         return int(save_freq)
     raise ValueError(
         f"Invalid `save_freq`: received {literal(save_freq)}; expected "
-        f"{literal('epoch')} (checkpoint at the end of every epoch) or an int "
-        ">= 1 (checkpoint every that many batches)."
+        '"epoch" (checkpoint at the end of every epoch) or an int >= 1 '
+        "(checkpoint every that many batches)."
     )
 
 
@@ -485,26 +484,34 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 _remove_quietly(os.path.join(self.backup_dir, name))
 
 
-def save_weights_file(model, path):
-    """Writes `model.save_weights`'s `.weights.h5` content to `path`.
+class _NamedBuffer(io.BytesIO):
+    """An in-memory file that `model.save_weights` accepts as `name`."""
 
-    The HDF5 file is built in memory and written with plain Python I/O:
-    when the disk fills up, h5py's own writer leaves a half-closed file
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+    def __str__(self):
+        return self.name
+
+
+def save_weights_file(model, path):
+    """Writes `model.save_weights(...)`'s content to `path`.
+
+    The model's own `save_weights` (parallel models save their template)
+    writes into memory, and the bytes reach the disk through plain Python
+    I/O: when the disk fills up, h5py's own writer leaves a half-closed file
     whose later clean-up crashes the interpreter (segmentation fault at
     exit), whereas a Python write raises `OSError` and leaves nothing open.
-    Keras's `H5IOStore` takes an `io.BytesIO` for exactly this kind of use.
+    Keras's `H5IOStore` writes to an `io.BytesIO` for exactly this kind of
+    use.
 
     Args:
         model: A built `keras.Model`.
-        path: The file to write.
+        path: The `.weights.h5` file to write.
     """
-    buffer = io.BytesIO()
-    store = saving_lib.H5IOStore(buffer, mode="w")
-    try:
-        saving_lib._save_state(model, weights_store=store, assets_store=None,
-                               inner_path="", visited_saveables=set())
-    finally:
-        store.close()
+    buffer = _NamedBuffer(os.fspath(path))
+    model.save_weights(buffer, overwrite=True)
     with open(path, "wb") as f:
         f.write(buffer.getbuffer())
         f.flush()

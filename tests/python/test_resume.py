@@ -53,6 +53,8 @@ def _scenario(tmp_path, path, save_freq, plan):
         assert code == -signal.SIGKILL, (kill, stderr[-2000:])
     code, stderr = _run(path, save_freq, directory, out)
     assert code == 0, stderr[-2000:]
+    # Resumed from the backup itself, not from a fallback.
+    assert "skipping the unreadable" not in stderr, stderr[-2000:]
     return out
 
 
