@@ -62,6 +62,13 @@ def _check_variables(model, strategy):
         )
 
 
+_NO_BATCHES = (
+    "Invalid `dataset`: {where}, so there is nothing to train on; expected "
+    "at least one batch per epoch (check the data's size, filters and "
+    "drop_remainder=True with fewer rows than one global batch)."
+)
+
+
 def _distribute(dataset, strategy):
     if isinstance(dataset, tf.distribute.DistributedDataset):
         return dataset, None
@@ -73,6 +80,8 @@ def _distribute(dataset, strategy):
             "per_replica_batch_size=64, strategy=strategy)."
         )
     steps = int(dataset.cardinality())
+    if steps == 0:
+        raise ValueError(_NO_BATCHES.format(where="it is empty"))
     steps = steps if steps > 0 else None
     return strategy.experimental_distribute_dataset(dataset), steps
 
@@ -133,6 +142,7 @@ def _run_epochs(model, data, callbacks, epochs, initial_epoch):
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
+        step = -1
         for step, batch in enumerate(data):
             callbacks.on_train_batch_begin(step)
             model.train_function(iter((batch,)))
@@ -140,6 +150,9 @@ def _run_epochs(model, data, callbacks, epochs, initial_epoch):
             callbacks.on_train_batch_end(step, logs)
             if model.stop_training:
                 break
+        if step < 0:
+            raise ValueError(_NO_BATCHES.format(
+                where=f"it yielded no batch in epoch {epoch}"))
         callbacks.on_epoch_end(epoch, dict(logs))
         if model.stop_training:
             break

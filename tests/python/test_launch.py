@@ -9,6 +9,7 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import multigpu
 from multigpu import launch
@@ -298,3 +299,16 @@ def test_multi_worker_resume_ends_like_an_uninterrupted_run(tmp_path,
     for key in runs["unbroken"]:
         np.testing.assert_allclose(runs["killed"][key], runs["unbroken"][key],
                                    atol=1e-6, rtol=0)
+
+
+def test_fit_distributed_refuses_data_without_batches():
+    strategy = multigpu.mirrored_strategy(2)
+    rows = (np.zeros((0, 8), "float32"), np.zeros((0, 3), "float32"))
+    empty = tf.data.Dataset.from_tensor_slices(rows).batch(4)
+    with pytest.raises(ValueError, match=r"`dataset`: it is empty"):
+        multigpu.fit_distributed(_compiled_under(strategy), empty, verbose=0)
+    unknown = tf.data.Dataset.from_tensor_slices(rows).filter(
+        lambda x, y: True).batch(4)
+    with pytest.raises(ValueError, match=r"yielded no batch in epoch 0"):
+        multigpu.fit_distributed(_compiled_under(strategy), unknown,
+                                 verbose=0)
