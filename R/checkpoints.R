@@ -40,25 +40,35 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #'
 #' Keras's own callbacks, made crash-safe by the Python core (every file is
 #' written under a temporary name and renamed into place):
-#' `BackupAndRestore` keeps the training state (weights, optimizer and the
-#' epoch reached) in `checkpoint_dir/backup`, so running the same `fit()`
-#' again after a failure resumes at the interrupted epoch, and
-#' `ModelCheckpoint` writes full models, `ckpt-<epoch>.keras`, that
-#' [make_or_restore_model()] restores.
+#' `BackupAndRestore` keeps the training state (weights, optimizer,
+#' random-generator states and the step reached) in `checkpoint_dir/backup`,
+#' so running the same `fit()` again after a failure resumes at the step after
+#' the last checkpoint, skipping the batches of the interrupted epoch already
+#' trained; with data whose order depends only on the epoch (unshuffled, or
+#' [distributed_dataset()] with a `seed`) it ends with the weights of an
+#' uninterrupted run. `ModelCheckpoint` writes full models,
+#' `ckpt-<epoch>.keras`, that [make_or_restore_model()] restores (the newest
+#' by epoch and batch, not by file time). A corrupt backup file is skipped
+#' with a warning; a full disk gives a classed error and keeps the committed
+#' checkpoints. In multi-worker training only the chief writes.
 #'
 #' @param checkpoint_dir Directory for the checkpoints, created if missing
-#'   (`~` is expanded).
+#'   (`~` is expanded); it must be writable.
 #' @param save_freq `"epoch"` to checkpoint after every epoch, or a whole
 #'   number N to checkpoint every N batches (and at every epoch end).
+#' @param max_to_keep How many of the newest `ckpt-*.keras` models to keep,
+#'   a whole number >= 1, or `NULL` to keep them all.
 #' @returns A list of two Keras callbacks, for `fit(callbacks = )`.
 #' @family checkpoints
 #' @export
 #' @examplesIf multigpu::is_multigpu_available()
 #' virtual_devices(2)
 #' callbacks <- checkpoint_callbacks(file.path(tempdir(), "ckpt"),
-#'                                   save_freq = 100)
+#'                                   save_freq = 100, max_to_keep = 2)
 #' length(callbacks)
-checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch") {
+checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch",
+                                 max_to_keep = 3L) {
   call_core("checkpoint_callbacks", as_path(checkpoint_dir),
-            save_freq = if (is.numeric(save_freq)) as_count(save_freq) else save_freq)
+            save_freq = if (is.numeric(save_freq)) as_count(save_freq) else save_freq,
+            max_to_keep = as_count(max_to_keep))
 }

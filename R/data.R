@@ -21,10 +21,13 @@
 #' @param shuffle `TRUE` to shuffle the examples anew every epoch.
 #' @param shuffle_buffer Shuffle buffer size, a whole number; `NULL` for the
 #'   whole data.
-#' @param seed Shuffle seed, a whole number, or `NULL`.
+#' @param seed Shuffle seed, a whole number, or `NULL`. With a seed, the
+#'   order of epoch e depends only on the seed and e, so a run resumed by
+#'   [checkpoint_callbacks()] sees the same batches as an uninterrupted one.
 #' @param cache `NULL` or `FALSE` for no cache; `TRUE` or `"memory"` to keep
 #'   the examples in memory after the first epoch (`dataset_cache()` in the
-#'   guide); or a file path prefix for a cache on disk.
+#'   guide); or a file path prefix for a cache on disk (`"Memory"` is refused
+#'   as a likely typo; write `"./Memory"` for such files).
 #' @param prefetch `TRUE` to prepare the next batches while the current one
 #'   trains (`dataset_prefetch()` in the guide).
 #' @param shard_policy How multi-worker training splits the data between

@@ -12,6 +12,14 @@ import warnings
 
 import tensorflow as tf
 
+from multigpu.messages import api
+from multigpu.messages import literal
+
+# More logical CPU devices than this many per core only slow a simulation.
+OVERSUBSCRIPTION = 8
+# The `threads` the logical CPU devices were configured with (None: default).
+_configured_threads = []
+
 _DEVICE_NAME = re.compile(
     r"^(?:/job:localhost)?(?:/replica:0)?(?:/task:0)?"
     r"/?(?:device:)?(?P<type>cpu|gpu|tpu):(?P<index>\d+)$",
@@ -334,7 +342,9 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     names = [f"/device:{device_type}:{i}" for i in range(n)]
     current = tf.config.get_logical_device_configuration(physical[0]) or []
     if len(current) == n and all(c.memory_limit == limit for c in current):
+        _warn_if_threads_ignored(n, threads)
         return names
+    _warn_if_oversubscribed(n, device_type)
     try:
         tf.config.set_logical_device_configuration(physical[0], configs)
     except RuntimeError:
@@ -351,7 +361,37 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
         ) from None
     if device_type == "CPU" and n > 1:
         _own_thread_pools(n, threads)
+        _configured_threads[:] = [threads]
     return names
+
+
+def _warn_if_threads_ignored(n, threads):
+    """A repeated call cannot resize the thread pools: say so."""
+    if threads is None or not _configured_threads or (
+            _configured_threads[0] == threads):
+        return
+    warnings.warn(
+        f"{api('virtual_devices', f'{n}, threads={literal(threads)}')} is "
+        f"ignored: the {n} devices already exist with threads="
+        f"{literal(_configured_threads[0])}, and thread pools are sized once, "
+        "when TensorFlow starts. Pass threads= in the first call (or restart "
+        "the process).",
+        UserWarning, stacklevel=3,
+    )
+
+
+def _warn_if_oversubscribed(n, device_type):
+    cores = usable_cores()
+    if device_type != "CPU" or n <= OVERSUBSCRIPTION * cores:
+        return
+    warnings.warn(
+        f"{api('virtual_devices', literal(n))} creates {n} logical CPU "
+        f"devices on {cores} core(s), more than {OVERSUBSCRIPTION} per core: "
+        "they share the cores, so each replica runs slowly and every device "
+        "costs memory and threads. Simulate a realistic device count (e.g. "
+        f"{api('virtual_devices', literal(min(4, max(2, cores))))}).",
+        UserWarning, stacklevel=3,
+    )
 
 
 def _own_thread_pools(n, threads):

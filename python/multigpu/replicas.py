@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import gradients as gradients_lib
 from multigpu import mirrored
 
 HOST_DEVICE = "/device:CPU:0"
@@ -442,7 +443,9 @@ class ParallelModel(TemplateBacked, keras.Model):
         rows = tf.shape(keras.tree.flatten(data)[0])[0]
 
         def run(step_devices, guard):
-            with layer.planned(step_devices, guard):
+            # The step's custom gradients belong to this trace's graph.
+            with layer.planned(step_devices, guard), (
+                    gradients_lib.gradients_owned_by_ops()):
                 return step(data)
 
         return tf.cond(

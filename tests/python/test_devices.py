@@ -287,3 +287,37 @@ def test_usable_cores_falls_back_to_cpu_count_without_affinity(monkeypatch):
     assert usable_cores() == 6
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert usable_cores() == 1
+
+
+def _virtual_devices_in_a_fresh_process(code):
+    """Runs `code` after `import multigpu` in a new Python; returns stderr."""
+    import subprocess
+    import sys
+    result = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import multigpu\n" + code],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stderr
+
+
+def test_far_more_devices_than_cores_warn_once():
+    from multigpu import devices
+    many = devices.OVERSUBSCRIPTION * devices.usable_cores() + 1
+    stderr = _virtual_devices_in_a_fresh_process(
+        f"multigpu.virtual_devices({many})\n")
+    assert f"multigpu.virtual_devices({many}) creates {many} logical CPU" \
+        in stderr
+    assert stderr.count("more than") == 1
+
+
+def test_a_repeated_call_with_other_threads_warns_that_it_is_ignored():
+    stderr = _virtual_devices_in_a_fresh_process(
+        "multigpu.virtual_devices(2, threads=1)\n"
+        "multigpu.virtual_devices(2, threads=1)\n"
+        "multigpu.virtual_devices(2)\n"
+        "multigpu.virtual_devices(2, threads=2)\n")
+    assert stderr.count("is ignored") == 1
+    assert "multigpu.virtual_devices(2, threads=2) is ignored" in stderr
+    assert "already exist with threads=1" in stderr

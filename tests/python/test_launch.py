@@ -9,6 +9,7 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import multigpu
 from multigpu import launch
@@ -220,3 +221,94 @@ def test_fit_distributed_rejects_misuse_with_the_fix(rng):
         multigpu.fit_distributed(_compiled_under(strategy), x)
     with pytest.raises(ValueError, match=r"`epochs`: received -1"):
         multigpu.fit_distributed(_compiled_under(strategy), batches, epochs=-1)
+
+
+def test_multi_worker_checkpoints_finish_and_resume_after_a_worker_dies(
+        tmp_path, capfd):
+    """The chief writes the checkpoints; a killed run resumes from them."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(launch.LaunchError, match="worker 1 was killed by SIGKILL"):
+        launch.launch(_script("mw_checkpoints.py"),
+                      [str(ckpt), str(out), "--kill-worker", "1",
+                       "--at-step", "11"],
+                      workers=2, startup_timeout=120, timeout=RUN_TIMEOUT)
+    names = sorted(os.listdir(ckpt))
+    assert "ckpt-2-2.keras" in names, names
+    assert not [n for n in names if n.startswith(".tmp")]
+    assert launch.launch(_script("mw_checkpoints.py"), [str(ckpt), str(out)],
+                         workers=2, startup_timeout=120,
+                         timeout=RUN_TIMEOUT) == 0
+    output = capfd.readouterr().out
+    assert "[worker 0] worker 0 done" in output
+    assert "[worker 1] worker 1 done" in output
+    weights = [np.load(out / f"weights-{i}.npz") for i in range(2)]
+    for key in weights[0]:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+    assert not [n for n in os.listdir(ckpt) if n.startswith(".tmp")]
+
+
+def test_a_stopped_worker_is_named_and_all_are_killed(capfd):
+    with pytest.raises(launch.LaunchError,
+                       match=r"worker 1 has been stopped \(SIGSTOP"):
+        launch.launch(_script("mw_stop.py"), workers=2, startup_timeout=120,
+                      timeout=RUN_TIMEOUT, stopped_timeout=3)
+    assert "[worker 1] worker 1 stops now" in capfd.readouterr().out
+    assert _running_scripts("mw_stop.py") == []
+
+
+def test_a_failure_while_a_worker_is_stopped_names_the_stopped_one():
+    with pytest.raises(launch.LaunchError) as raised:
+        launch.launch(_script("mw_stop.py"), ["peer-fails"], workers=2,
+                      startup_timeout=120, timeout=RUN_TIMEOUT)
+    message = str(raised.value)
+    assert "worker 0 exited with code 5" in message
+    assert "Worker 1 has been stopped (SIGSTOP or SIGTSTP)" in message
+    assert "likely cause" in message
+    assert _running_scripts("mw_stop.py") == []
+
+
+@pytest.mark.parametrize("option", ["--startup-timeout", "--timeout"])
+def test_cli_rejects_negative_timeouts(capsys, option):
+    assert launch.main(["--workers", "2", option, "-5",
+                        _script("echo_config.py")]) == 2
+    assert f"`{option[2:].replace('-', '_')}`: received -5.0" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_freq", ["1", "epoch"])
+def test_multi_worker_resume_ends_like_an_uninterrupted_run(tmp_path,
+                                                            save_freq):
+    """Killing worker 0 (the chief) or worker 1 changes no final weight."""
+    runs = {}
+    for name, kills in (("unbroken", []),
+                        ("killed", [("1", "5"), ("0", "11")])):
+        ckpt, out = tmp_path / f"{name}-ckpt", tmp_path / name
+        out.mkdir()
+        for worker, step in kills:
+            with pytest.raises(launch.LaunchError, match="SIGKILL"):
+                launch.launch(_script("mw_checkpoints.py"),
+                              [str(ckpt), str(out), "--save-freq", save_freq,
+                               "--kill-worker", worker, "--at-step", step],
+                              workers=2, timeout=RUN_TIMEOUT)
+        assert launch.launch(_script("mw_checkpoints.py"),
+                             [str(ckpt), str(out), "--save-freq", save_freq],
+                             workers=2, timeout=RUN_TIMEOUT) == 0
+        runs[name] = np.load(out / "weights-1.npz")
+    for key in runs["unbroken"]:
+        np.testing.assert_allclose(runs["killed"][key], runs["unbroken"][key],
+                                   atol=1e-6, rtol=0)
+
+
+def test_fit_distributed_refuses_data_without_batches():
+    strategy = multigpu.mirrored_strategy(2)
+    rows = (np.zeros((0, 8), "float32"), np.zeros((0, 3), "float32"))
+    empty = tf.data.Dataset.from_tensor_slices(rows).batch(4)
+    with pytest.raises(ValueError, match=r"`dataset`: it is empty"):
+        multigpu.fit_distributed(_compiled_under(strategy), empty, verbose=0)
+    unknown = tf.data.Dataset.from_tensor_slices(rows).filter(
+        lambda x, y: True).batch(4)
+    with pytest.raises(ValueError, match=r"yielded no batch in epoch 0"):
+        multigpu.fit_distributed(_compiled_under(strategy), unknown,
+                                 verbose=0)

@@ -25,18 +25,36 @@ test_that("checkpoint_callbacks() errors: NA and non-whole in R, the rest in Pyt
   dir <- withr::local_tempdir()
   expect_error(checkpoint_callbacks(dir, save_freq = 2.5), "`save_freq` is not a whole number",
                class = "multigpu_value_error")
-  expect_error(checkpoint_callbacks(dir, save_freq = NA), "Invalid `save_freq`: received True",
+  expect_error(checkpoint_callbacks(dir, save_freq = NA), "Invalid `save_freq`: received TRUE",
                class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(NA_character_), "`checkpoint_dir` must be a single non-empty path",
                class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(dir, save_freq = 0), "Invalid `save_freq`: received 0",
                class = "multigpu_value_error")
-  expect_error(checkpoint_callbacks(dir, save_freq = "batch"), "Invalid `save_freq`: received 'batch'",
+  expect_error(checkpoint_callbacks(dir, save_freq = "batch"), "Invalid `save_freq`: received \"batch\"",
                class = "multigpu_value_error")
   file <- tempfile()
   writeLines("x", file)
   expect_error(checkpoint_callbacks(file), "which is a file; expected a directory",
                class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, max_to_keep = 0), "Invalid `max_to_keep`: received 0",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, max_to_keep = 1.5), "`max_to_keep` is not a whole number",
+               class = "multigpu_value_error")
+  expect_error(make_or_restore_model(file.path(file, "ckpt"), function() NULL),
+               "`checkpoint_dir`.*cannot be created", class = "multigpu_value_error")
+  expect_identical(checkpoint_callbacks(dir, max_to_keep = NULL)[[2]]$max_to_keep, NULL)
+  expect_identical(checkpoint_callbacks(dir, max_to_keep = 2)[[2]]$max_to_keep, 2L)
+})
+
+test_that("checkpoint_callbacks() prunes to max_to_keep", {
+  skip_if_no_multigpu()
+  dir <- file.path(withr::local_tempdir(), "ckpt")
+  model <- tiny_model()
+  model |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+  model |> fit(iris_x(), iris_y(), epochs = 3, batch_size = 50, verbose = 0, shuffle = FALSE,
+               callbacks = checkpoint_callbacks(dir, max_to_keep = 1))
+  expect_identical(grep("[.]keras$", list.files(dir), value = TRUE), "ckpt-3.keras")
 })
 
 test_that("make_or_restore_model() builds, then restores the newest checkpoint, and fit() resumes", {
@@ -47,7 +65,7 @@ test_that("make_or_restore_model() builds, then restores the newest checkpoint, 
   with(strategy$scope(), model <- make_or_restore_model(dir, builder$build))
   expect_identical(builder$calls(), 1L)
   history <- model |> fit(iris_x(), iris_y(), epochs = 2, batch_size = 50, verbose = 0,
-                          callbacks = checkpoint_callbacks(dir))
+                          shuffle = FALSE, callbacks = checkpoint_callbacks(dir))
   expect_identical(history$epochs, 1:2)
   expect_true(all(c("ckpt-1.keras", "ckpt-2.keras", "backup") %in% list.files(dir)))
 
@@ -57,7 +75,7 @@ test_that("make_or_restore_model() builds, then restores the newest checkpoint, 
                predict(model, iris_x(1:5), verbose = 0), tolerance = 1e-6)
   # Running the same training again resumes after the last finished epoch.
   history <- restored |> fit(iris_x(), iris_y(), epochs = 3, batch_size = 50, verbose = 0,
-                             callbacks = checkpoint_callbacks(dir))
+                             shuffle = FALSE, callbacks = checkpoint_callbacks(dir))
   expect_identical(history$epochs, 3L)
   expect_true("ckpt-3.keras" %in% list.files(dir))
 })
@@ -79,6 +97,18 @@ test_that("make_or_restore_model() expands ~ in the directory", {
   withr::local_envvar(HOME = withr::local_tempdir())
   builder <- counting_builder()
   model <- make_or_restore_model("~/ckpt", builder$build)
-  model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0, callbacks = checkpoint_callbacks("~/ckpt"))
+  model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0, shuffle = FALSE,
+               callbacks = checkpoint_callbacks("~/ckpt"))
   expect_true(file.exists(file.path(Sys.getenv("HOME"), "ckpt", "ckpt-1.keras")))
+})
+
+test_that("training data that cannot be replayed is an R warning at the start", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  model |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+  expect_warning(
+    model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0,
+                 callbacks = checkpoint_callbacks(withr::local_tempdir())),
+    "fit(shuffle=TRUE) shuffles arrays without a seed", fixed = TRUE
+  )
 })
