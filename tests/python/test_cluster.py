@@ -95,33 +95,31 @@ def test_steps_get_ports_of_their_own():
     assert all(10000 <= b and b + 16 <= 32768 for b in bases)
 
 
-@pytest.mark.parametrize("node_gpus, task_gpus", [
-    (None, "2,3"),  # nvidia-smi lists 4; task 3 is its node's second task
-    ("4,5,6,7", "6,7"),  # the node's GPUs as CUDA_VISIBLE_DEVICES lists them
-])
-def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(
-        environment, node_gpus, task_gpus):
-    variables = dict(SLURM_STEP)
-    if node_gpus:
-        variables["CUDA_VISIBLE_DEVICES"] = node_gpus
-    bin_dir = environment(variables, gpus=4)
+def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
+    bin_dir = environment(SLURM_STEP, gpus=4)
     # TensorFlow reads CUDA_VISIBLE_DEVICES once, so resolve in a process
-    # where it has not started yet.
+    # where it has not started: first with nvidia-smi listing 4 GPUs, then
+    # with the node's GPUs listed in CUDA_VISIBLE_DEVICES.
     script = textwrap.dedent("""
         import json, os
         from multigpu import cluster
-        resolver = cluster.cluster_resolver()
-        print(json.dumps([os.environ.get("CUDA_VISIBLE_DEVICES"),
-                          resolver.num_accelerators()]))
+        found = []
+        for node_gpus in (None, "4,5,6,7"):
+            if node_gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = node_gpus
+            resolver = cluster.cluster_resolver()
+            found.append([os.environ.get("CUDA_VISIBLE_DEVICES"),
+                          resolver.num_accelerators()])
+        print(json.dumps(found))
     """)
     env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), os.path.dirname(
         sys.executable), "/usr/bin:/bin"]), PYTHONPATH=os.path.join(ROOT, "python"))
     result = subprocess.run([sys.executable, "-c", script], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    visible, accelerators = json.loads(result.stdout.strip().splitlines()[-1])
-    assert visible == task_gpus
-    assert accelerators == {"GPU": 2}
+    # Task 3 is its node's second task: the node's GPUs 2 and 3.
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [
+        ["2,3", {"GPU": 2}], ["6,7", {"GPU": 2}]]
 
 
 def test_gpus_assigned_after_tensorflow_started_are_an_error(environment):

@@ -1,29 +1,32 @@
 """`python -m multigpu.launch --workers N -- COMMAND`: any program per worker.
 
-The commands here are shell one-liners (no TensorFlow); the R tests
+The commands here are shell one-liners (no TensorFlow), run through the
+command line's `main()` in this process; the R tests
 (tests/testthat/test-strategy.R) launch `Rscript` workers that train.
 """
 
 import json
-import subprocess
-import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from multigpu import launch
 
-PYTHON = sys.executable
-RUN_TIMEOUT = 120
+
+@pytest.fixture
+def run(capfd):
+    """Runs the launcher's command line; returns code, stdout, stderr."""
+    def run_main(*args):
+        capfd.readouterr()
+        code = launch.main(list(args))
+        out, err = capfd.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run_main
 
 
-def _launch(*args):
-    return subprocess.run([PYTHON, "-m", "multigpu.launch", *args],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT)
-
-
-def test_a_command_after_the_separator_runs_once_per_worker():
-    result = _launch("--workers", "2", "--startup-timeout", "0", "--",
+def test_a_command_after_the_separator_runs_once_per_worker(run):
+    result = run("--workers", "2", "--startup-timeout", "0", "--",
                      "sh", "-c", 'echo "args $0 $1"; echo "TF_CONFIG=$TF_CONFIG"',
                      "first", "--second")
     assert result.returncode == 0, result.stderr
@@ -39,9 +42,9 @@ def test_a_command_after_the_separator_runs_once_per_worker():
         0, 1]
 
 
-def test_a_failing_command_stops_every_worker_fast():
+def test_a_failing_command_stops_every_worker_fast(run):
     start = time.monotonic()
-    result = _launch(
+    result = run(
         "--workers", "2", "--startup-timeout", "0", "--", "sh", "-c",
         'case "$TF_CONFIG" in *\'"index": 1\'*) echo dying; exit 5;; esac; '
         "sleep 300")
@@ -51,8 +54,8 @@ def test_a_failing_command_stops_every_worker_fast():
     assert time.monotonic() - start < 60  # not after worker 0's sleep
 
 
-def test_a_command_that_never_joins_is_stopped_at_the_startup_deadline():
-    result = _launch("--workers", "2", "--startup-timeout", "2", "--",
+def test_a_command_that_never_joins_is_stopped_at_the_startup_deadline(run):
+    result = run("--workers", "2", "--startup-timeout", "2", "--",
                      "sleep", "300")
     assert result.returncode == 124
     assert "did not join the cluster within 2 s" in result.stderr

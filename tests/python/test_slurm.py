@@ -151,11 +151,30 @@ def _tasks_left():
     return pids
 
 
-def test_killing_one_task_ends_the_step(slurm, tmp_path):
-    code, seconds, output = _train_until_killed(
-        _srun(tmp_path, "--epochs", 100000), kill_at_epoch=1)
+def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
+        slurm, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    command = _srun(tmp_path, "--epochs", 4, "--checkpoints", checkpoints)
+    code, seconds, output = _train_until_killed(command, kill_at_epoch=2)
     assert code != 0, output
     assert "task 1: Killed" in output, output
-    # Slurm's KillWait (5 s here, 30 s by default) bounds the survivors.
+    # Slurm's KillWait (5 s here, 30 s by default) bounds the survivor.
     assert seconds < 60, output
     assert _tasks_left() == []
+    assert not (tmp_path / "run-0.json").exists()
+
+    result = subprocess.run(command, env=_env(), capture_output=True,
+                            text=True, timeout=STEP_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs, weights = _runs(tmp_path)
+    for run in runs:
+        # Resumed after the last completed epoch (1, or 0 when the kill came
+        # while the chief was still writing epoch 1's), not from scratch.
+        assert run["epochs_run"][0] in (1, 2), output + result.stdout
+        assert run["epochs_run"][-1] == 3
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+    reference, _ = _one_process_reference(
+        runs[0]["initial"], runs[0]["global_batch"], 4)
+    for got, want in zip(weights[0], reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
