@@ -54,6 +54,44 @@ def _remove_stale_temporaries(directory):
             pass
 
 
+def is_chief():
+    """Whether this process writes the checkpoints of its cluster.
+
+    TensorFlow's rule for multi-worker training: the task of type "chief",
+    or worker 0 of a cluster without a chief, writes; every other worker
+    reads the same directory but writes nothing. Without `TF_CONFIG` the
+    process is alone and writes.
+
+    Returns:
+        True or False.
+    """
+    raw = os.environ.get("TF_CONFIG", "")
+    if not raw.strip():
+        return True
+    try:
+        config = json.loads(raw)
+        task = config.get("task", {})
+        kind, index = task.get("type", "worker"), int(task.get("index", 0))
+        has_chief = bool(config.get("cluster", {}).get("chief"))
+    except (ValueError, AttributeError, TypeError):
+        return True
+    if kind == "chief":
+        return True
+    return kind == "worker" and index == 0 and not has_chief
+
+
+def writes_checkpoints(model):
+    """Whether this process writes checkpoints while training `model`.
+
+    Asks the model's strategy (`extended.should_checkpoint`, False on the
+    non-chief workers of a `MultiWorkerMirroredStrategy`), then `TF_CONFIG`.
+    """
+    strategy = getattr(model, "distribute_strategy", None)
+    should = getattr(getattr(strategy, "extended", None),
+                     "should_checkpoint", True)
+    return bool(should) and is_chief()
+
+
 def _check_save_freq(save_freq):
     if save_freq == "epoch":
         return save_freq
@@ -97,6 +135,8 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         return _temp_path(self._final_path)
 
     def _save_model(self, epoch, batch, logs):
+        if not writes_checkpoints(self.model):
+            return
         self._final_path = None
         super()._save_model(epoch, batch, logs)
         final = self._final_path
@@ -114,7 +154,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     """
 
     def on_train_begin(self, logs=None):
-        if os.path.isdir(self.backup_dir):
+        if os.path.isdir(self.backup_dir) and writes_checkpoints(self.model):
             _remove_stale_temporaries(self.backup_dir)
         metadata = self._committed_metadata()
         if metadata and "weights" in metadata:
@@ -142,6 +182,9 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             return None
 
     def _save_model(self):
+        if not writes_checkpoints(self.model):
+            # The chief writes; the others read the same directory.
+            return
         os.makedirs(self.backup_dir, exist_ok=True)
         previous = self._weights_path
         metadata = self._committed_metadata() or {}
@@ -200,7 +243,8 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch"):
     directory = _check_directory(checkpoint_dir)
     save_freq = _check_save_freq(save_freq)
     os.makedirs(directory, exist_ok=True)
-    _remove_stale_temporaries(directory)
+    if is_chief():
+        _remove_stale_temporaries(directory)
     name = "ckpt-{epoch}.keras" if save_freq == "epoch" else (
         "ckpt-{epoch}-{batch}.keras"
     )

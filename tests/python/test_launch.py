@@ -220,3 +220,28 @@ def test_fit_distributed_rejects_misuse_with_the_fix(rng):
         multigpu.fit_distributed(_compiled_under(strategy), x)
     with pytest.raises(ValueError, match=r"`epochs`: received -1"):
         multigpu.fit_distributed(_compiled_under(strategy), batches, epochs=-1)
+
+
+def test_multi_worker_checkpoints_finish_and_resume_after_a_worker_dies(
+        tmp_path, capfd):
+    """The chief writes the checkpoints; a killed run resumes from them."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(launch.LaunchError, match="worker 1 was killed by SIGKILL"):
+        launch.launch(_script("mw_checkpoints.py"),
+                      [str(ckpt), str(out), "--kill-worker", "1",
+                       "--at-step", "11"],
+                      workers=2, startup_timeout=120, timeout=RUN_TIMEOUT)
+    names = sorted(os.listdir(ckpt))
+    assert "ckpt-2-2.keras" in names, names
+    assert not [n for n in names if n.startswith(".tmp")]
+    assert launch.launch(_script("mw_checkpoints.py"), [str(ckpt), str(out)],
+                         workers=2, startup_timeout=120,
+                         timeout=RUN_TIMEOUT) == 0
+    output = capfd.readouterr().out
+    assert "[worker 0] worker 0 done" in output
+    assert "[worker 1] worker 1 done" in output
+    weights = [np.load(out / f"weights-{i}.npz") for i in range(2)]
+    for key in weights[0]:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+    assert not [n for n in os.listdir(ckpt) if n.startswith(".tmp")]
