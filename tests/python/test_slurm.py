@@ -167,6 +167,8 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
                             text=True, timeout=STEP_TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr
     runs, weights = _runs(tmp_path)
+    # The chief (task 0) writes the checkpoints; task 1 only reads them.
+    assert [run["writes_checkpoints"] for run in runs] == [True, False]
     for run in runs:
         # Resumed after the last completed epoch (1, or 0 when the kill came
         # while the chief was still writing epoch 1's), not from scratch.

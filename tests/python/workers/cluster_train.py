@@ -14,6 +14,7 @@ import os
 import _common
 
 import multigpu  # noqa: E402
+from multigpu import checkpoints  # noqa: E402
 
 # First, before TensorFlow starts: on GPU nodes it gives the task its GPUs.
 strategy = multigpu.multi_worker_strategy()
@@ -64,6 +65,7 @@ def main():
     with open(os.path.join(options.out_dir, f"run-{index}.json"), "w") as f:
         json.dump({"history": history.history, "initial": initial,
                    "epochs_run": started,
+                   "writes_checkpoints": checkpoints.writes_checkpoints(model),
                    "replicas": strategy.num_replicas_in_sync,
                    "global_batch": PER_REPLICA * strategy.num_replicas_in_sync},
                   f)
