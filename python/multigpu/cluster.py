@@ -209,7 +209,7 @@ def slurm_cluster_resolver():
     if assign:
         _keep_physical_ids(before)
         if os.environ.get("CUDA_VISIBLE_DEVICES") != before:
-            _check_gpus_not_started()
+            _check_gpus_not_started(before)
     return tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type=resolver.task_type, task_id=resolver.task_id,
         num_accelerators={"GPU": task_gpus},
@@ -308,15 +308,20 @@ def _keep_physical_ids(before):
         node[int(i)] for i in assigned.split(",") if i)
 
 
-def _check_gpus_not_started():
+def _check_gpus_not_started(before):
+    """Raises, restoring `CUDA_VISIBLE_DEVICES`, if TensorFlow has started."""
     # CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first starts it.
     from tensorflow.python.eager import context  # noqa: PLC0415
 
     if context.context()._context_handle is not None:  # noqa: SLF001
+        assigned = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
         raise ClusterError(
             "TensorFlow started before this Slurm task could be given its "
-            f"GPUs (CUDA_VISIBLE_DEVICES="
-            f"{os.environ.get('CUDA_VISIBLE_DEVICES')}), so every task would "
+            f"GPUs (CUDA_VISIBLE_DEVICES={assigned}), so every task would "
             f"use the same GPUs. Call {api('multi_worker_strategy')} first in "
             "the script, before anything else runs TensorFlow."
         )

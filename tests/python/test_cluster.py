@@ -129,6 +129,7 @@ def test_gpus_assigned_after_tensorflow_started_are_an_error(environment):
                        match=r"CUDA_VISIBLE_DEVICES=2,3.*multigpu\."
                        r"multi_worker_strategy\(\) first"):
         cluster.cluster_resolver()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # left as it was
 
 
 def test_gpus_slurm_bound_to_each_task_are_kept(environment):
