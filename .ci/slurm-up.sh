@@ -46,6 +46,13 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null ||
     fail "apt-get install slurm-wlm munge failed"
 fi
 
+# slurmctld, slurmd and the TensorFlow workers (whose addresses are the node
+# names) all need this host's name to resolve; some containers lack that.
+if ! getent hosts "$host" >/dev/null; then
+  say "adding $host to /etc/hosts (127.0.0.1): its name does not resolve"
+  echo "127.0.0.1 $host" >> /etc/hosts
+fi
+
 # munge: a key, its directories, and the daemon (run as its own user, as
 # Debian's service does).
 mkdir -p /etc/munge /var/lib/munge /var/log/munge /run/munge
