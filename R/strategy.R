@@ -77,6 +77,8 @@ mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
 #'    environment looks like one task of a job that it cannot join (a Slurm
 #'    job with several tasks run without `srun`, say).
 #'
+#' The variables are read from R's environment when `multi_worker_strategy()`
+#' is called, so `Sys.setenv(TF_CONFIG = ...)` before the call works.
 #' Creating the strategy waits until every worker has joined. A process has
 #' one such strategy: calling again returns the same one.
 #' `strategy$cluster_resolver$task_id` is this worker's index; worker 0 is
@@ -95,6 +97,11 @@ mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
 #' strategy$num_replicas_in_sync
 #' }
 multi_worker_strategy <- function() {
+  core()
+  # Python copied the environment when it started; pass on what R sees now
+  # (Sys.setenv(TF_CONFIG = ...) after Python started, say).
+  cluster <- reticulate::import("multigpu.cluster", convert = FALSE)
+  with_python(cluster$use_environment(as.list(Sys.getenv())))
   call_core("multi_worker_strategy")
 }
 

@@ -83,6 +83,42 @@ def cluster_resolver():
     return None
 
 
+def describes_cluster(name):
+    """Whether the environment variable `name` is read to find the cluster.
+
+    Example:
+    >>> describes_cluster("SLURM_PROCID"), describes_cluster("HOME")
+    (True, False)
+    """
+    return (name in (TF_CONFIG, "CUDA_VISIBLE_DEVICES", *_OTHER_LAUNCHERS)
+            or name.startswith("SLURM_"))
+
+
+def use_environment(environ):
+    """Makes `os.environ` agree with `environ` on the cluster's variables.
+
+    Python reads its process's environment once, when it starts. A program
+    that embeds Python and changes the environment later (R through
+    reticulate: `Sys.setenv(TF_CONFIG = ...)`) passes its whole environment
+    here before resolving the cluster; the variables `describes_cluster`
+    names are copied, or removed when `environ` lacks them.
+
+    Args:
+        environ: A mapping of names to values: the embedding program's
+            environment.
+
+    Example:
+    >>> use_environment({"TF_CONFIG": config, "HOME": "/home/me"})
+    """
+    for name in set(os.environ) | set(environ):
+        if not describes_cluster(name):
+            continue
+        if name in environ:
+            os.environ[name] = str(environ[name])
+        else:
+            del os.environ[name]
+
+
 def tf_config():
     """The parsed `TF_CONFIG`, or None when it is not set.
 

@@ -196,3 +196,16 @@ def test_a_malformed_tf_config_is_named(environment, raw):
     environment({"TF_CONFIG": raw})
     with pytest.raises(cluster.ClusterError, match="Invalid TF_CONFIG"):
         cluster.cluster_resolver()
+
+
+def test_an_embedding_programs_environment_is_taken_over(environment):
+    # (Set first so that the fixture restores them afterwards.)
+    environment({"SLURM_PROCID": "1", "HOME_OF_TEST": "kept",
+                 "TF_CONFIG": "", "CUDA_VISIBLE_DEVICES": ""})
+    cluster.use_environment({"TF_CONFIG": "{}", "CUDA_VISIBLE_DEVICES": "0",
+                             "HOME_OF_TEST": "changed", "OTHER": "x"})
+    assert os.environ["TF_CONFIG"] == "{}"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "SLURM_PROCID" not in os.environ  # gone from the embedding program
+    assert os.environ["HOME_OF_TEST"] == "kept"  # not a cluster variable
+    assert "OTHER" not in os.environ

@@ -205,3 +205,14 @@ test_that("the launcher stops R workers at once when one fails", {
   expect_true("[worker 1] R worker 1 fails" %in% output)
   expect_lt(as.numeric(difftime(Sys.time(), started, units = "secs")), 120)
 })
+
+test_that("multi_worker_strategy() reads TF_CONFIG as R sees it and names a malformed one", {
+  skip_if_no_multigpu()
+  withr::with_envvar(c(TF_CONFIG = '{"cluster": {}}'), {
+    expect_error(multi_worker_strategy(), "Invalid TF_CONFIG environment variable: received \"{",
+                 fixed = TRUE, class = "multigpu_value_error")
+  })
+  # Python's copy of the environment follows R's again.
+  reticulate::import("multigpu.cluster")$use_environment(as.list(Sys.getenv()))
+  expect_null(reticulate::import("os")$environ$get("TF_CONFIG"))
+})
