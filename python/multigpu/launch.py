@@ -5,10 +5,12 @@
 
 starts `train.py` (or, after `--`, any command) N times, each with a
 `TF_CONFIG` describing a cluster of N workers on free loopback ports and its
-own task index, and streams their output prefixed with `[worker i]`. The script creates its strategy with
-`multigpu.multi_worker_strategy()` and trains with `multigpu.fit_distributed`;
-on a real cluster the same script runs unchanged, one copy per machine, with
-`TF_CONFIG` set by the cluster manager instead of this launcher.
+own task index, and streams their output prefixed with `[worker i]`. The
+script creates its strategy with `multigpu.multi_worker_strategy()` (in R:
+`multi_worker_strategy()`) and trains with `fit_distributed`; on a real
+cluster the same script runs unchanged, one copy per machine, started by the
+cluster manager (Kubernetes sets `TF_CONFIG`, Slurm's `srun` its step
+variables) instead of this launcher; see docs/cluster.md.
 
 A worker that dies takes the others down at once: TensorFlow workers whose
 peers are gone wait in their collectives (for over 10 minutes, ignoring
