@@ -19,17 +19,30 @@ checkpoint or the new one, never a torn file.
 """
 
 import glob
+import inspect
+import io
 import json
 import os
 import re
 import warnings
 
 import keras
+import numpy as np
+import tensorflow as tf
+from keras.src.backend.common import global_state
+from keras.src.saving import saving_lib
+
+from multigpu import data as data_lib
+from multigpu.messages import api
+from multigpu.messages import literal
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.keras$")
 _TEMP_PREFIX = ".tmp-"
 _BACKUP = "backup"
 _METADATA = "training_metadata.json"
+_STATE_PATTERN = re.compile(r"^state-(\d+)\.json$")
+_WEIGHTS_PATTERN = re.compile(r"^weights-(\d+)\.weights\.h5$")
+DEFAULT_MAX_TO_KEEP = 3
 
 
 def _temp_path(path):
@@ -93,16 +106,16 @@ def writes_checkpoints(model):
 
 
 def _check_save_freq(save_freq):
-    if save_freq == "epoch":
+    if isinstance(save_freq, str) and save_freq == "epoch":
         return save_freq
-    if isinstance(save_freq, int) and not isinstance(save_freq, bool) and (
-        save_freq >= 1
-    ):
-        return save_freq
+    if isinstance(save_freq, (int, np.integer)) and not isinstance(
+        save_freq, (bool, np.bool_)
+    ) and save_freq >= 1:
+        return int(save_freq)
     raise ValueError(
-        f"Invalid `save_freq`: received {save_freq!r}; expected 'epoch' "
-        "(checkpoint at the end of every epoch) or an int >= 1 (checkpoint "
-        "every that many batches)."
+        f"Invalid `save_freq`: received {literal(save_freq)}; expected "
+        f"{literal('epoch')} (checkpoint at the end of every epoch) or an int "
+        ">= 1 (checkpoint every that many batches)."
     )
 
 
@@ -111,24 +124,144 @@ def _check_directory(checkpoint_dir):
         checkpoint_dir
     ):
         raise ValueError(
-            f"Invalid `checkpoint_dir`: received {checkpoint_dir!r}; expected "
-            "a directory path (created if missing)."
+            f"Invalid `checkpoint_dir`: received {literal(checkpoint_dir)}; "
+            "expected a directory path (created if missing)."
         )
     directory = os.fspath(checkpoint_dir)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(
-            f"Invalid `checkpoint_dir`: received {checkpoint_dir!r}, which is "
-            "a file; expected a directory."
+            f"Invalid `checkpoint_dir`: received {literal(directory)}, which "
+            "is a file; expected a directory."
         )
     return directory
+
+
+class ResumePosition:
+    """Where a restarted `fit` resumes, shared by the checkpoint callbacks.
+
+    The backup callback sets `skip` to the batches of the resumed epoch
+    that were trained before the interruption; the model's train function
+    then draws those batches without training on them (so the data is at
+    the same place as in an uninterrupted run), and `skipped` tells the
+    callbacks that the batch just ended was such a batch.
+    """
+
+    def __init__(self):
+        self.skip = 0
+        self.skipped = False
+
+
+def _skipping(train_function, model, position):
+    """Wraps a train function: its first `position.skip` batches only draw."""
+
+    def train(iterator):
+        if position.skip > 0:
+            for _ in range(max(int(getattr(model, "steps_per_execution", 1)
+                                   or 1), 1)):
+                next(iterator)
+                position.skip -= 1
+            position.skipped = True
+            return {}
+        position.skipped = False
+        return train_function(iterator)
+
+    train.skipped_function = train_function
+    return train
+
+
+def _random_state_variables(model):
+    """The seed-generator states a training step draws from.
+
+    Keras saves a model's weights and optimizer, not the states of its
+    `SeedGenerator`s (dropout, noise layers) nor the global one that
+    unseeded `keras.random` calls use; a resumed run restores them so its
+    random draws continue where the interrupted run's stopped.
+    """
+    states = {v.path: v for v in model.non_trainable_variables
+              if v.path.endswith("seed_generator_state")}
+    generator = global_state.get_global_attribute("global_seed_generator")
+    if generator is not None:
+        states["global_seed_generator"] = generator.state
+    return states
+
+
+def _warn_if_not_replayable(model, callback):
+    """Warns once at the start of training when the input cannot be replayed."""
+    problem = _input_replay_problem(model)
+    if problem and not getattr(callback, "_warned_replay", False):
+        callback._warned_replay = True
+        warnings.warn(
+            "checkpoint_callbacks: the training data cannot be replayed "
+            f"exactly ({problem}); a resumed run continues at the right "
+            "step with the right weights, optimizer and random state, but "
+            "with other batches than an uninterrupted run would see.",
+            UserWarning, stacklevel=2,
+        )
+
+
+def _input_replay_problem(model):
+    """Inspects the data the running `fit`/`fit_distributed` iterates."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        local = frame.f_locals
+        if local.get("self") is model and "epoch_iterator" in local:
+            return _adapter_problem(local["epoch_iterator"])
+        if frame.f_code.co_name == "fit_distributed" and (
+                local.get("model") is model):
+            dataset = local.get("dataset")
+            if isinstance(dataset, tf.data.Dataset):
+                return data_lib.replay_problem(dataset)
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _adapter_problem(epoch_iterator):
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    kind = type(adapter).__name__
+    if kind == "ArrayDataAdapter" and getattr(adapter, "_shuffle", False):
+        return ("fit(shuffle=True) shuffles arrays without a seed; pass "
+                "shuffle=False, or a dataset made by "
+                f"{api('distributed_dataset', 'x, y, shuffle=True, seed=...')}")
+    if kind in ("GeneratorDataAdapter", "PyDatasetAdapter"):
+        return ("a Python generator or PyDataset is replayed only if it "
+                "yields the same batches in every epoch")
+    dataset = getattr(adapter, "_dataset", None)
+    if isinstance(dataset, tf.data.Dataset):
+        return data_lib.replay_problem(dataset)
+    return None
 
 
 class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """`keras.callbacks.ModelCheckpoint` whose files appear atomically.
 
     Keras writes each file under a temporary name in the same directory;
-    this class renames it to the real name once it is complete.
+    this class renames it to the real name once it is complete, keeps the
+    newest `max_to_keep`, and (in multi-worker training) writes on the
+    chief only. With a batch frequency it saves every `save_freq` trained
+    batches counted from the last epoch end, so an interrupted and resumed
+    run writes the same files as an uninterrupted one.
     """
+
+    def __init__(self, filepath, save_freq="epoch", max_to_keep=None,
+                 position=None):
+        super().__init__(filepath, save_freq=save_freq)
+        self.max_to_keep = max_to_keep
+        self._position = position or ResumePosition()
+        self._trained_since_save = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.save_freq == "epoch" or self._position.skipped:
+            return
+        self._trained_since_save += 1
+        if self._trained_since_save >= self.save_freq:
+            self._trained_since_save = 0
+            self._save_model(epoch=self._current_epoch, batch=batch,
+                             logs=logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._trained_since_save = 0
+        super().on_epoch_end(epoch, logs)
 
     def _get_file_path(self, epoch, batch, logs):
         self._final_path = super()._get_file_path(epoch, batch, logs)
@@ -138,101 +271,341 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         if not writes_checkpoints(self.model):
             return
         self._final_path = None
-        super()._save_model(epoch, batch, logs)
+        try:
+            super()._save_model(epoch, batch, logs)
+        except Exception as error:
+            if self._final_path is not None:
+                _remove_quietly(_temp_path(self._final_path))
+            if isinstance(error, OSError):
+                raise write_error(error, self._final_path or self.filepath)
+            raise
         final = self._final_path
         if final is not None and os.path.exists(_temp_path(final)):
             _commit(_temp_path(final), final)
+            prune_checkpoints(os.path.dirname(final), self.max_to_keep)
 
 
 class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`keras.callbacks.BackupAndRestore` with an atomic commit.
+    """`keras.callbacks.BackupAndRestore` that resumes at the interrupted step.
 
-    Every save writes a new weights file, then commits it by atomically
-    replacing the metadata file that names it together with the epoch
-    reached; the previous weights file is deleted afterwards. Restoring reads
-    the committed metadata, so the weights and the epoch always match.
+    Every save writes a new weights file (weights and optimizer state) and
+    a state file (epoch, batches trained in it, random-generator states),
+    then commits both by atomically replacing `training_metadata.json`; the
+    previous state is kept as a fallback and older ones deleted. A restart
+    restores the newest readable state (warning about, and skipping, a
+    corrupt one), resumes at its epoch and skips the batches already
+    trained in it, so the rest of training sees the same batches, weights,
+    optimizer and random state as an uninterrupted run would.
     """
+
+    def __init__(self, backup_dir, save_freq="epoch", position=None):
+        super().__init__(backup_dir, save_freq=save_freq,
+                         delete_checkpoint=False)
+        self._position = position or ResumePosition()
+        self._trained_since_save = 0
+        self._trained_in_epoch = 0
 
     def on_train_begin(self, logs=None):
         if os.path.isdir(self.backup_dir) and writes_checkpoints(self.model):
             _remove_stale_temporaries(self.backup_dir)
-        metadata = self._committed_metadata()
-        if metadata and "weights" in metadata:
-            self._weights_path = os.path.join(
-                self.backup_dir, metadata["weights"]
-            )
-        super().on_train_begin(logs)
+        _warn_if_not_replayable(self.model, self)
+        state = self._restore()
+        self._position.skip = 0
+        self._position.skipped = False
+        self._trained_since_save = 0
+        if state is None:
+            return
+        self._current_epoch = int(state["epoch"])
+        self.model._initial_epoch = self._current_epoch
+        self._position.skip = int(state.get("steps", 0))
+        self._resumed_epoch = self._current_epoch
+        train_function = getattr(self.model, "train_function", None)
+        if self._position.skip and train_function is not None:
+            self.model.train_function = _skipping(
+                getattr(train_function, "skipped_function", train_function),
+                self.model, self._position)
 
     def on_epoch_begin(self, epoch, logs=None):
-        # Keras only updates the epoch at epoch ends, so a batch checkpoint
-        # taken in the first epoch after a restart would record epoch 0.
         self._current_epoch = epoch
+        resumed = getattr(self, "_resumed_epoch", None) == epoch
+        self._trained_in_epoch = self._position.skip if resumed else 0
+        data_lib.set_training_epoch(epoch)
 
-    def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
-        if self.save_freq != "epoch":
-            # Also commit finished epochs, so they are never replayed.
+    def on_train_batch_end(self, batch, logs=None):
+        if self._position.skipped:
+            return
+        self._trained_in_epoch += 1
+        if self.save_freq == "epoch":
+            return
+        self._trained_since_save += 1
+        if self._trained_since_save >= self.save_freq:
             self._save_model()
 
-    def _committed_metadata(self):
-        try:
-            with open(self._training_metadata_path) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
+    def on_epoch_end(self, epoch, logs=None):
+        self._current_epoch = epoch + 1
+        self._trained_in_epoch = 0
+        self._resumed_epoch = None
+        # Finished epochs are committed at every frequency: never replayed.
+        self._save_model()
+
+    def on_train_end(self, logs=None):
+        data_lib.set_training_epoch(None)
+        train_function = getattr(self.model, "train_function", None)
+        original = getattr(train_function, "skipped_function", None)
+        if original is not None:
+            self.model.train_function = original
+
+    def _states(self):
+        """Candidate committed states, newest first: (path, metadata)."""
+        paths = [self._training_metadata_path]
+        if os.path.isdir(self.backup_dir):
+            named = [n for n in os.listdir(self.backup_dir)
+                     if _STATE_PATTERN.match(n)]
+            named.sort(key=lambda n: int(_STATE_PATTERN.match(n)[1]),
+                       reverse=True)
+            paths += [os.path.join(self.backup_dir, n) for n in named]
+        return [p for p in paths if os.path.exists(p)]
+
+    def _restore(self):
+        """Loads the newest readable state; returns its metadata or None."""
+        if not self.model.built:
+            return super()._load_model()  # Keras's error for unbuilt models
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        candidates = self._states()
+        tried = set()
+        for path in candidates:
+            reading = path
+            try:
+                with open(path) as f:
+                    state = json.load(f)
+                weights = os.path.join(self.backup_dir, state["weights"])
+                if weights in tried:
+                    continue
+                tried.add(weights)
+                reading = weights
+                self.model.load_weights(weights)
+                self._restore_random_state(state.get("random", {}))
+            except Exception as error:  # noqa: BLE001 - fall back
+                warnings.warn(
+                    f"checkpoint_callbacks: skipping the unreadable backup "
+                    f"file {literal(reading)} ({type(error).__name__}: "
+                    f"{error}); falling back to an older state.",
+                    UserWarning, stacklevel=2,
+                )
+                continue
+            self._version = int(state.get("version", 0))
+            self._weights_path = weights
+            return state
+        return self._restore_from_models() if candidates else None
+
+    def _restore_from_models(self):
+        """Falls back to the newest readable `ckpt-*.keras` full model."""
+        directory = os.path.dirname(os.path.abspath(self.backup_dir))
+        for path in list_checkpoints(directory):
+            try:
+                self.model.load_weights(path)
+            except Exception as error:  # noqa: BLE001 - try the next one
+                warnings.warn(
+                    f"checkpoint_callbacks: skipping the unreadable "
+                    f"checkpoint {literal(path)} ({type(error).__name__}).",
+                    UserWarning, stacklevel=2,
+                )
+                continue
+            epochs, batches = checkpoint_position(os.path.basename(path))
+            warnings.warn(
+                f"checkpoint_callbacks: no readable backup in "
+                f"{literal(self.backup_dir)}; resuming from {literal(path)} "
+                "(its random-generator states were not saved).",
+                UserWarning, stacklevel=2,
+            )
+            return {"epoch": epochs, "steps": batches}
+        return None
+
+    def _restore_random_state(self, saved):
+        variables = _random_state_variables(self.model)
+        for name, value in saved.items():
+            if name in variables:
+                variables[name].assign(np.asarray(value, "uint32").astype(
+                    variables[name].dtype))
 
     def _save_model(self):
+        self._trained_since_save = 0
         if not writes_checkpoints(self.model):
             # The chief writes; the others read the same directory.
             return
         os.makedirs(self.backup_dir, exist_ok=True)
-        previous = self._weights_path
-        metadata = self._committed_metadata() or {}
-        version = int(metadata.get("version", 0)) + 1
+        version = max(getattr(self, "_version", 0), self._newest_version()) + 1
         name = f"weights-{version}.weights.h5"
         weights = os.path.join(self.backup_dir, name)
-        temp = _temp_path(weights)
-        self.model.save_weights(temp, overwrite=True)
-        _commit(temp, weights)
-        temp = _temp_path(self._training_metadata_path)
-        with open(temp, "w") as f:
-            json.dump({
-                "epoch": self._current_epoch,
-                "batch": self._last_batch_seen,
-                "weights": name,
-                "version": version,
-            }, f)
-        _commit(temp, self._training_metadata_path)
+        state = {
+            "epoch": self._current_epoch,
+            "batch": max(self._trained_in_epoch - 1, 0),
+            "steps": self._trained_in_epoch,
+            "weights": name,
+            "version": version,
+            "random": {k: np.asarray(v.numpy()).tolist() for k, v in
+                       _random_state_variables(self.model).items()},
+        }
+        state_path = os.path.join(self.backup_dir, f"state-{version}.json")
+        written = []
+        try:
+            _write_atomically(weights, lambda temp: save_weights_file(
+                self.model, temp), written)
+            _write_atomically(state_path, lambda temp: _dump(state, temp),
+                              written)
+            _write_atomically(self._training_metadata_path,
+                              lambda temp: _dump(state, temp), written)
+        except OSError as error:
+            raise write_error(error, self.backup_dir)
+        self._version = version
         self._weights_path = weights
-        if previous != weights and os.path.exists(previous):
-            os.remove(previous)
+        self._prune_states(keep=(version, version - 1))
+
+    def _newest_version(self):
+        if not os.path.isdir(self.backup_dir):
+            return 0
+        versions = [int(m[1]) for m in map(_STATE_PATTERN.match,
+                                            os.listdir(self.backup_dir)) if m]
+        return max(versions, default=0)
+
+    def _prune_states(self, keep):
+        for name in os.listdir(self.backup_dir):
+            match = _STATE_PATTERN.match(name) or _WEIGHTS_PATTERN.match(name)
+            if match and int(match[1]) not in keep:
+                _remove_quietly(os.path.join(self.backup_dir, name))
 
 
-def checkpoint_callbacks(checkpoint_dir, save_freq="epoch"):
-    """Keras callbacks that checkpoint training and resume it after a crash.
+def save_weights_file(model, path):
+    """Writes `model.save_weights`'s `.weights.h5` content to `path`.
+
+    The HDF5 file is built in memory and written with plain Python I/O:
+    when the disk fills up, h5py's own writer leaves a half-closed file
+    whose later clean-up crashes the interpreter (segmentation fault at
+    exit), whereas a Python write raises `OSError` and leaves nothing open.
+    Keras's `H5IOStore` takes an `io.BytesIO` for exactly this kind of use.
+
+    Args:
+        model: A built `keras.Model`.
+        path: The file to write.
+    """
+    buffer = io.BytesIO()
+    store = saving_lib.H5IOStore(buffer, mode="w")
+    try:
+        saving_lib._save_state(model, weights_store=store, assets_store=None,
+                               inner_path="", visited_saveables=set())
+    finally:
+        store.close()
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+        f.flush()
+
+
+def write_error(error, path):
+    """The `OSError` to raise when writing a checkpoint to `path` failed."""
+    return OSError(
+        error.errno,
+        f"checkpoint_callbacks could not write the checkpoint "
+        f"{literal(os.fspath(path))} ({error.strerror or error}); the "
+        "committed checkpoints are intact and the partial file was removed. "
+        "Free disk space (or choose another checkpoint_dir) and run again to "
+        "resume.",
+    )
+
+
+def _dump(state, path):
+    with open(path, "w") as f:
+        json.dump(state, f)
+
+
+def _write_atomically(path, write, written):
+    """Writes `path` through a temporary file; removes it if writing fails."""
+    temp = _temp_path(path)
+    try:
+        write(temp)
+        _commit(temp, path)
+    except BaseException:
+        _remove_quietly(temp)
+        raise
+    written.append(path)
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _check_max_to_keep(max_to_keep):
+    if max_to_keep is None:
+        return None
+    if isinstance(max_to_keep, (int, np.integer)) and not isinstance(
+            max_to_keep, (bool, np.bool_)) and max_to_keep >= 1:
+        return int(max_to_keep)
+    raise ValueError(
+        f"Invalid `max_to_keep`: received {literal(max_to_keep)}; expected "
+        f"an int >= 1 (keep that many newest ckpt-*.keras models) or "
+        f"{literal(None)} (keep all)."
+    )
+
+
+def _check_creatable(directory):
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"Invalid `checkpoint_dir`: received {literal(directory)}, which "
+            f"cannot be created ({type(error).__name__}: {error.strerror}); "
+            "expected a directory path whose parents are directories."
+        ) from None
+
+
+def _check_writable(directory):
+    _check_creatable(directory)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"Invalid `checkpoint_dir`: received {literal(directory)}, which "
+            "this process cannot write to; checked before training so no "
+            "epoch is lost. Choose a writable directory or fix its "
+            "permissions."
+        )
+
+
+def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
+                         max_to_keep=DEFAULT_MAX_TO_KEEP):
+    """Keras callbacks that checkpoint training and resume it exactly.
 
     Pass them to `fit` (or `fit_distributed`) and run the same script again
-    after a failure: `fit` restores the last committed state and continues
-    at the epoch that was interrupted; only the work since the last
-    checkpoint is redone. Once training has finished, running the script
-    again trains nothing (ask for more `epochs` to train further).
+    after a failure: training resumes at the step after the last committed
+    checkpoint, with the weights, optimizer state and random-generator
+    states of that checkpoint, and skips the batches of the interrupted
+    epoch that were already trained, so it ends with the weights an
+    uninterrupted run would have (when the data's order depends only on the
+    epoch, e.g. unshuffled data or `distributed_dataset(..., seed=...)`; a
+    warning at the start says when it does not). Once training has
+    finished, running the script again trains nothing.
 
     Args:
         checkpoint_dir: Directory for the checkpoints (created if missing):
             `ckpt-{epoch}.keras` full models (`ckpt-{epoch}-{batch}.keras`
             with a batch frequency) and the `backup/` training state.
         save_freq: `"epoch"` to checkpoint at the end of every epoch, or an
-            int N to checkpoint every N batches (and at every epoch end).
-            With N batches, a restart restores the weights of the last
-            checkpoint and replays the interrupted epoch from its first
-            batch (Keras's BackupAndRestore resumes whole epochs).
+            int N to checkpoint every N batches (counted from each epoch's
+            start) and at every epoch end.
+        max_to_keep: How many of the newest `ckpt-*.keras` models to keep
+            (as TensorFlow's `tf.train.CheckpointManager`); None keeps all.
+            The `backup/` state always keeps the newest and previous state.
 
     Returns:
         A list `[BackupAndRestore, ModelCheckpoint]` of Keras callbacks (the
-        atomic subclasses of this module).
+        atomic subclasses of this module). In multi-worker training only
+        the chief writes; every worker restores from the same directory.
 
     Raises:
-        ValueError: for an invalid `checkpoint_dir` or `save_freq`.
+        ValueError: for an invalid `checkpoint_dir`, `save_freq` or
+            `max_to_keep`, or a directory this process cannot write.
 
     Example:
     >>> with strategy.scope():
@@ -242,27 +615,34 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch"):
     """
     directory = _check_directory(checkpoint_dir)
     save_freq = _check_save_freq(save_freq)
-    os.makedirs(directory, exist_ok=True)
+    max_to_keep = _check_max_to_keep(max_to_keep)
+    _check_writable(directory)
     if is_chief():
         _remove_stale_temporaries(directory)
     name = "ckpt-{epoch}.keras" if save_freq == "epoch" else (
         "ckpt-{epoch}-{batch}.keras"
     )
+    position = ResumePosition()
     return [
-        AtomicBackupAndRestore(
-            os.path.join(directory, _BACKUP), save_freq=save_freq,
-            delete_checkpoint=False,
-        ),
+        AtomicBackupAndRestore(os.path.join(directory, _BACKUP),
+                               save_freq=save_freq, position=position),
         AtomicModelCheckpoint(os.path.join(directory, name),
-                              save_freq=save_freq),
+                              save_freq=save_freq, max_to_keep=max_to_keep,
+                              position=position),
     ]
 
 
-def _checkpoint_rank(name):
+def checkpoint_position(name):
     """(epochs completed, batches into the next) for a checkpoint file name.
 
     `ckpt-3.keras` is saved after epoch 3; `ckpt-3-5.keras` after batch 5 of
-    epoch 3, so after 2 complete epochs.
+    epoch 3, so after 2 complete epochs and 5 batches.
+
+    Args:
+        name: A file name matching `ckpt-E.keras` or `ckpt-E-B.keras`.
+
+    Returns:
+        A tuple of two ints.
     """
     match = CHECKPOINT_PATTERN.match(name)
     epoch, batch = int(match[1]), match[2]
@@ -272,9 +652,9 @@ def _checkpoint_rank(name):
 def list_checkpoints(checkpoint_dir):
     """The `ckpt-*.keras` files of a directory, newest first.
 
-    Newest means last written (a restarted run replays part of an epoch, so
-    its checkpoints can carry smaller numbers than older ones); checkpoints
-    written at the same time are ordered by epoch and batch.
+    Newest means furthest in training, by the epoch and batch in the file
+    name (modification times change with copies and `touch`; a resumed run
+    never writes a smaller position than an older file's).
 
     Args:
         checkpoint_dir: A directory written by `checkpoint_callbacks`.
@@ -285,12 +665,28 @@ def list_checkpoints(checkpoint_dir):
     """
     if not os.path.isdir(checkpoint_dir):
         return []
-    paths = [os.path.join(checkpoint_dir, n) for n in os.listdir(checkpoint_dir)
+    names = [n for n in os.listdir(checkpoint_dir)
              if CHECKPOINT_PATTERN.match(n)]
-    paths.sort(key=lambda p: (os.stat(p).st_mtime_ns,
-                              _checkpoint_rank(os.path.basename(p))),
-               reverse=True)
-    return paths
+    names.sort(key=checkpoint_position, reverse=True)
+    return [os.path.join(checkpoint_dir, n) for n in names]
+
+
+def prune_checkpoints(checkpoint_dir, max_to_keep):
+    """Deletes all but the `max_to_keep` newest `ckpt-*.keras` files.
+
+    Args:
+        checkpoint_dir: A directory written by `checkpoint_callbacks`.
+        max_to_keep: An int >= 1, or None to keep all.
+
+    Returns:
+        The paths deleted.
+    """
+    if max_to_keep is None:
+        return []
+    stale = list_checkpoints(checkpoint_dir)[max_to_keep:]
+    for path in stale:
+        _remove_quietly(path)
+    return stale
 
 
 def make_or_restore_model(checkpoint_dir, build_fn):
@@ -325,12 +721,13 @@ def make_or_restore_model(checkpoint_dir, build_fn):
             f"{type(build_fn).__name__}; expected a function of no arguments "
             "that returns a new compiled keras.Model."
         )
+    _check_creatable(directory)
     for path in list_checkpoints(directory):
         try:
             return keras.models.load_model(path)
         except Exception as error:  # noqa: BLE001 - try the next one
             warnings.warn(
-                f"Skipping unreadable checkpoint {path!r}: "
+                f"Skipping unreadable checkpoint {literal(path)}: "
                 f"{type(error).__name__}: {error}",
                 UserWarning, stacklevel=2,
             )

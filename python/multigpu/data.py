@@ -7,12 +7,18 @@ a file), `shuffle`, `prefetch(AUTOTUNE)`, and set the auto-shard policy that
 multi-worker strategies use to split the data between workers.
 """
 
+import itertools
 import os
+import threading
 import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
+
+from multigpu.messages import api
+from multigpu.messages import literal
+from multigpu.messages import literals
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,
@@ -21,6 +27,74 @@ _SHARD_POLICIES = {
     "off": tf.data.experimental.AutoShardPolicy.OFF,
 }
 _BATCHED = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
+
+# The epoch a training loop is in, announced by the checkpoint callbacks at
+# each epoch's start (None outside such training). Seeded shuffles read it
+# when an epoch's iteration starts, so the order of epoch e depends on
+# (seed, e) only and a run resumed at epoch e replays it exactly.
+_training_epoch = [None]
+_epoch_lock = threading.Lock()
+
+
+def set_training_epoch(epoch):
+    """Announces the epoch that the next iterations of the data belong to.
+
+    Called by `checkpoint_callbacks` at every epoch's start (and with None
+    when training ends). Datasets from `distributed_dataset(shuffle=True,
+    seed=...)` then shuffle epoch `epoch` in an order that depends only on
+    the seed and `epoch`, so a resumed run sees the same order as an
+    uninterrupted one. Without an announcement they count their own
+    iterations instead.
+
+    Args:
+        epoch: An int >= 0, or None.
+    """
+    with _epoch_lock:
+        _training_epoch[0] = None if epoch is None else int(epoch)
+
+
+def training_epoch():
+    """The epoch announced by `set_training_epoch`, or None."""
+    with _epoch_lock:
+        return _training_epoch[0]
+
+
+def replay_problem(dataset):
+    """Why `dataset` may give other batches when an epoch is replayed, or None.
+
+    A resumed run replays the interrupted epoch exactly only when each
+    epoch's batches depend on the epoch alone. A `shuffle` that reshuffles
+    every iteration (without the epoch-keyed order of `distributed_dataset`'s
+    seeded shuffle) orders epoch e by how many epochs this process has
+    iterated, and random datasets draw anew.
+
+    Args:
+        dataset: A `tf.data.Dataset`.
+
+    Returns:
+        A sentence naming the transformation, or None when the dataset's
+        order depends only on the epoch.
+    """
+    seen, pending = set(), [dataset]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        kind = type(current).__name__
+        if kind == "_ShuffleDataset" and getattr(
+                current, "_reshuffle_each_iteration", False):
+            return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
+                    "True), whose order in a resumed epoch differs; use "
+                    f"{api('distributed_dataset', 'x, y, shuffle=True, seed=...')}"
+                    ", whose order depends on the seed and the epoch only")
+        if kind in ("_RandomDataset", "RandomDataset", "_GeneratorDataset"):
+            return f"it draws from {kind.strip('_')}, which is not replayed"
+        try:
+            pending.extend(current._inputs())
+        except (AttributeError, TypeError):
+            pass
+    return None
 
 
 def num_replicas(strategy=None):
@@ -58,7 +132,7 @@ def _check_positive_int(name, value):
         value < 1
     ):
         raise ValueError(
-            f"Invalid `{name}`: received {value!r}; expected an int >= 1."
+            f"Invalid `{name}`: received {literal(value)}; expected an int >= 1."
         )
     return int(value)
 
@@ -88,6 +162,11 @@ def _from_arrays(x, y):
                 "call .unbatch() on it)."
             )
         cardinality = int(x.cardinality())
+        if cardinality == 0:
+            raise ValueError(
+                "Invalid `x`: received an empty tf.data.Dataset; expected "
+                "at least one example."
+            )
         return x, cardinality if cardinality >= 0 else None
     if x is None:
         raise ValueError(
@@ -96,35 +175,68 @@ def _from_arrays(x, y):
         )
     arrays = x if y is None else (x, y)
     rows = _rows(arrays)
+    if rows == 0:
+        raise ValueError(
+            "Invalid `x`: received arrays of 0 rows; expected at least one "
+            "example (training on no data has no batches to run)."
+        )
     return tf.data.Dataset.from_tensor_slices(arrays), rows
 
 
 def _cached(dataset, cache):
     if cache is None:
         return dataset
-    if cache == "memory":
+    if isinstance(cache, str) and cache == "memory":
         return dataset.cache()
+    if isinstance(cache, str) and cache.strip().lower() == "memory":
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}; expected "
+            f"{literal('memory')} (lower case) for an in-memory cache, or a "
+            "file path prefix (a path with a directory, e.g. "
+            f"{literal('./Memory')}, for files named like that)."
+        )
     if isinstance(cache, (str, os.PathLike)):
         path = os.fspath(cache)
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise ValueError(
-                f"Invalid `cache`: received {cache!r}, but its directory "
+                f"Invalid `cache`: received {literal(cache)}, but its directory "
                 f"{parent!r} does not exist. Create it first, or use "
                 "cache='memory'."
             )
         return dataset.cache(path)
     raise ValueError(
-        f"Invalid `cache`: received {cache!r}; expected None (no cache), "
+        f"Invalid `cache`: received {literal(cache)}; expected None (no cache), "
         "'memory', or a file path prefix for an on-disk cache."
     )
 
 
+def check_flag(name, value):
+    """`value` as a bool; NumPy bools are accepted, anything else refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(
+        f"Invalid `{name}`: received {literal(value)}; expected "
+        f"{literals([True, False])}."
+    )
+
+
+def _check_seed(seed):
+    if seed is None:
+        return None
+    if isinstance(seed, (int, np.integer)) and not isinstance(
+            seed, (bool, np.bool_)):
+        return int(seed)
+    raise ValueError(
+        f"Invalid `seed`: received {literal(seed)}; expected "
+        f"{literal(None)} (a new order every run) or an int (the same "
+        "orders in every run, and in a resumed run)."
+    )
+
+
 def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
-    if not isinstance(shuffle, bool):
-        raise ValueError(
-            f"Invalid `shuffle`: received {shuffle!r}; expected True or False."
-        )
+    shuffle = check_flag("shuffle", shuffle)
+    seed = _check_seed(seed)
     if not shuffle:
         return dataset
     if shuffle_buffer is None:
@@ -136,9 +248,39 @@ def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
             )
         shuffle_buffer = max(rows, 1)
     shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
-    return dataset.shuffle(
-        shuffle_buffer, seed=seed, reshuffle_each_iteration=True
-    )
+    if seed is None:
+        return dataset.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
+    return _epoch_keyed_shuffle(dataset, rows, shuffle_buffer, seed)
+
+
+def _epoch_keyed_shuffle(dataset, rows, buffer, seed):
+    """A shuffle whose order in epoch e depends on (seed, e) only.
+
+    The epoch is the one announced by `set_training_epoch` when an
+    iteration starts; without one, the dataset counts its own iterations
+    (every iteration reshuffles, as `reshuffle_each_iteration=True` does).
+    """
+    iterations = itertools.count()
+
+    def epoch_seed():
+        epoch = training_epoch()
+        epoch = next(iterations) if epoch is None else epoch
+        return np.int64(hash((seed, epoch)) & 0x7FFFFFFFFFFFFFFF)
+
+    def one_epoch(_):
+        # Traced in a function graph that inherits the global seed; the
+        # order must depend on `seed` and the epoch only, not on whether
+        # the program set a global seed before making the dataset.
+        tf.compat.v1.get_default_graph().seed = None
+        epoch_op_seed = tf.py_function(epoch_seed, [], tf.int64)
+        epoch_op_seed.set_shape([])
+        return dataset.shuffle(buffer, seed=epoch_op_seed,
+                               reshuffle_each_iteration=False)
+
+    shuffled = tf.data.Dataset.from_tensors(np.int64(0)).flat_map(one_epoch)
+    if rows is not None:
+        shuffled = shuffled.apply(tf.data.experimental.assert_cardinality(rows))
+    return shuffled
 
 
 def _global_batch(per_replica, replicas, rows):
@@ -184,6 +326,34 @@ def _warn_small_remainder(rows, batch, replicas, drop_remainder):
             "it, or a per_replica_batch_size that divides the data.",
             UserWarning, stacklevel=3,
         )
+
+
+def _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
+                             strategy):
+    """Warns when a strategy's final batch weights its rows unequally.
+
+    Under a `tf.distribute` strategy every replica averages the loss over
+    its own rows and the replicas' averages are averaged, so a final batch
+    that does not split evenly gives some rows more weight than others:
+    training differs from one device on the same batches. (`multi_gpu_model`
+    computes the loss on the whole batch and is exact.)
+    """
+    if rows is None or drop_remainder or replicas < 2 or not isinstance(
+            strategy, tf.distribute.Strategy):
+        return
+    remainder = rows % batch
+    if remainder == 0 or remainder % replicas == 0 or remainder < replicas:
+        return
+    warnings.warn(
+        f"The final batch has {remainder} rows, which do not split evenly "
+        f"between the {replicas} replicas: each replica averages the loss of "
+        "its own rows, so in that step some rows weigh more than others and "
+        "the weights differ from single-device training on the same batches. "
+        "Pass drop_remainder=True, or a number of rows that splits evenly, "
+        f"or train with {api('multi_gpu_model', 'model')}, which is exact "
+        "on any batch.",
+        UserWarning, stacklevel=3,
+    )
 
 
 def distributed_dataset(
@@ -256,17 +426,14 @@ def distributed_dataset(
         shard_policy, str) else None
     if policy is None:
         raise ValueError(
-            f"Invalid `shard_policy`: received {shard_policy!r}; expected "
+            f"Invalid `shard_policy`: received {literal(shard_policy)}; expected "
             f"one of {list(_SHARD_POLICIES)}."
         )
-    for name, flag in (("prefetch", prefetch),
-                       ("drop_remainder", drop_remainder)):
-        if not isinstance(flag, bool):
-            raise ValueError(
-                f"Invalid `{name}`: received {flag!r}; expected True or False."
-            )
+    prefetch = check_flag("prefetch", prefetch)
+    drop_remainder = check_flag("drop_remainder", drop_remainder)
     replicas = num_replicas(strategy)
-    if shuffle is True and seed is None and isinstance(
+    shuffle = check_flag("shuffle", shuffle)
+    if shuffle and seed is None and isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy
     ):
         warnings.warn(
@@ -281,6 +448,8 @@ def distributed_dataset(
     dataset = _shuffled(dataset, rows, shuffle, shuffle_buffer, seed)
     batch = _global_batch(per_replica, replicas, rows)
     _warn_small_remainder(rows, batch, replicas, drop_remainder)
+    _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
+                             strategy or tf.distribute.get_strategy())
     dataset = dataset.batch(batch, drop_remainder=drop_remainder)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = policy

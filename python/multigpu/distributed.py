@@ -110,21 +110,32 @@ def _build(model, strategy, dataset):
 
 
 def _train_function(model, strategy):
+    """A train function over an iterator, as Keras's `model.train_function`.
+
+    Taking the iterator (not the batch) lets callbacks wrap it as they wrap
+    Keras's own: the checkpoint callbacks skip, on resume, the batches of
+    the interrupted epoch that were already trained.
+    """
+
     @tf.function(reduce_retracing=True)
-    def train_function(batch):
+    def step(batch):
         strategy.run(model.train_step, args=(batch,))
+
+    def train_function(iterator):
+        step(next(iterator))
+        return {}
 
     return train_function
 
 
-def _run_epochs(model, data, train_function, callbacks, epochs, initial_epoch):
+def _run_epochs(model, data, callbacks, epochs, initial_epoch):
     logs = {}
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         for step, batch in enumerate(data):
             callbacks.on_train_batch_begin(step)
-            train_function(batch)
+            model.train_function(iter((batch,)))
             logs = _logs(model)
             callbacks.on_train_batch_end(step, logs)
             if model.stop_training:
@@ -191,13 +202,13 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
         verbose=verbose, epochs=epochs, steps=steps, model=model,
     )
     model.stop_training = False
-    train_function = _train_function(model, strategy)
+    keras_train_function = model.train_function
+    model.train_function = _train_function(model, strategy)
     try:
         callback_list.on_train_begin()
         # BackupAndRestore announces the epoch to resume at, as in `fit`.
         initial_epoch = model._initial_epoch or initial_epoch
-        logs = _run_epochs(model, data, train_function, callback_list,
-                           epochs, initial_epoch)
+        logs = _run_epochs(model, data, callback_list, epochs, initial_epoch)
         callback_list.on_train_end(logs)
     except Exception as error:  # noqa: BLE001 - re-raised unless known
         explained = strategy_lib.explain_error(error)
@@ -206,4 +217,5 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
         raise explained from error
     finally:
         model._initial_epoch = None
+        model.train_function = keras_train_function
     return model.history

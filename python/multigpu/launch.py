@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 
+from multigpu.messages import literal
+
 READY_DIR_VARIABLE = "MULTIGPU_LAUNCH_READY_DIR"
 _POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1
@@ -128,26 +130,64 @@ class LaunchError(RuntimeError):
         self.exit_status = exit_status
 
 
+def _is_stopped(pid):
+    """Whether process `pid` is stopped (SIGSTOP/SIGTSTP; Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def _stopped_since(workers, stopped, now):
+    """Updates {index: time first seen stopped}; returns it."""
+    for w in workers:
+        if w.process.poll() is None and _is_stopped(w.process.pid):
+            stopped.setdefault(w.index, now)
+        else:
+            stopped.pop(w.index, None)
+    return stopped
+
+
 def _not_ready(workers, ready_dir):
     ready = set(os.listdir(ready_dir))
     return [w.index for w in workers if f"worker-{w.index}" not in ready]
 
 
-def _watch(workers, ready_dir, startup_timeout, timeout):
+def _watch(workers, ready_dir, startup_timeout, timeout, stopped_timeout):
     """Waits until all workers succeed; raises LaunchError on any failure."""
     start = time.monotonic()
+    stopped = {}
     while True:
         elapsed = time.monotonic() - start
+        _stopped_since(workers, stopped, elapsed)
         codes = [w.process.poll() for w in workers]
         failed = [(w, c) for w, c in zip(workers, codes) if c not in (None, 0)]
         if failed:
             worker, code = failed[0]
+            cause = "".join(
+                f" Worker {index} has been stopped (SIGSTOP or SIGTSTP) for "
+                f"{elapsed - since:.1f} s: a stopped worker stalls the "
+                "collectives of the others, so it is the likely cause."
+                for index, since in sorted(stopped.items()))
             raise LaunchError(
                 f"worker {worker.index} {_describe_exit(code)} after "
                 f"{elapsed:.1f} s; stopped the other workers with SIGKILL "
                 "(workers whose peers are gone never return). Its output is "
-                f"above, prefixed [worker {worker.index}].",
+                f"above, prefixed [worker {worker.index}].{cause}",
                 _exit_status(code),
+            )
+        frozen = [(i, elapsed - since) for i, since in sorted(stopped.items())
+                  if stopped_timeout and elapsed - since > stopped_timeout]
+        if frozen:
+            index, duration = frozen[0]
+            raise LaunchError(
+                f"worker {index} has been stopped (SIGSTOP or SIGTSTP) for "
+                f"{duration:.1f} s, which stalls every other worker; killed "
+                "all workers with SIGKILL. Resume a stopped worker within "
+                f"{stopped_timeout:g} s with SIGCONT.",
+                124,
             )
         if all(c == 0 for c in codes):
             return
@@ -173,8 +213,20 @@ def _watch(workers, ready_dir, startup_timeout, timeout):
         time.sleep(_POLL_SECONDS)
 
 
+def _check_seconds(name, value, zero_means):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            value != value or value < 0):
+        raise ValueError(
+            f"Invalid `{name}`: received {literal(value)}; expected a number "
+            f"of seconds >= 0 (0 or {literal(None)} {zero_means})."
+        )
+    return float(value)
+
+
 def launch(script, script_args=(), workers=2, startup_timeout=120.0,
-           timeout=None, host="127.0.0.1"):
+           timeout=None, host="127.0.0.1", stopped_timeout=60.0):
     """Runs the Python script `script` as `workers` local workers of one cluster.
 
     Args:
@@ -186,6 +238,8 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
             wait forever.
         timeout: Seconds the whole run may take; None for no limit.
         host: Address the workers listen on.
+        stopped_timeout: Seconds a worker may stay stopped (SIGSTOP) before
+            all are killed and it is named; 0 or None to wait forever.
 
     Returns:
         0 once every worker has exited successfully.
@@ -198,30 +252,31 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
     """
     if not os.path.isfile(script):
         raise ValueError(
-            f"Invalid `script`: received {script!r}, which is not a file."
+            f"Invalid `script`: received {literal(script)}, which is not a file."
         )
     return launch_command([sys.executable, "-u", script, *script_args],
-                          workers, startup_timeout, timeout, host)
+                          workers, startup_timeout, timeout, host,
+                          stopped_timeout)
 
 
 def _check_command(command):
     if isinstance(command, (str, bytes)) or not command or not all(
             isinstance(part, str) for part in command):
         raise ValueError(
-            f"Invalid `command`: received {command!r}; expected a non-empty "
-            "list of strings, the program and its arguments, e.g. "
-            "['Rscript', 'train.R']."
+            f"Invalid `command`: received {literal(command)}; expected a "
+            "non-empty list of strings, the program and its arguments, e.g. "
+            f"{literal(['Rscript', 'train.R'])}."
         )
     if shutil.which(command[0]) is None:
         raise ValueError(
-            f"Invalid `command`: {command[0]!r} is not a program on PATH "
-            "nor an executable file."
+            f"Invalid `command`: {literal(command[0])} is not a program on "
+            "PATH nor an executable file."
         )
     return list(command)
 
 
 def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
-                   host="127.0.0.1"):
+                   host="127.0.0.1", stopped_timeout=60.0):
     """Runs any `command` as `workers` local workers of one cluster.
 
     Each copy gets its `TF_CONFIG`; the command (an R script calling the R
@@ -236,6 +291,7 @@ def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
             None to wait forever.
         timeout: Seconds the whole run may take; None for no limit.
         host: Address the workers listen on.
+        stopped_timeout: As for `launch`.
 
     Returns:
         0 once every worker has exited successfully.
@@ -250,8 +306,13 @@ def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
-            f"Invalid `workers`: received {workers!r}; expected an int >= 1."
+            f"Invalid `workers`: received {literal(workers)}; expected an int >= 1."
         )
+    startup_timeout = _check_seconds("startup_timeout", startup_timeout,
+                                     "to wait forever")
+    timeout = _check_seconds("timeout", timeout, "for no limit")
+    stopped_timeout = _check_seconds("stopped_timeout", stopped_timeout,
+                                     "to wait forever")
     command = _check_command(command)
     addresses = [f"{host}:{port}" for port in free_ports(workers, host)]
     lock = threading.Lock()
@@ -265,7 +326,8 @@ def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
                 running.append(_Worker(index, command, env, lock))
             for worker in running:
                 worker.start_streaming()
-            _watch(running, ready_dir, startup_timeout, timeout)
+            _watch(running, ready_dir, startup_timeout, timeout,
+                   stopped_timeout)
         finally:
             for worker in running:
                 worker.kill()

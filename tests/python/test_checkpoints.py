@@ -1,7 +1,10 @@
 """Fault tolerance: checkpoint_callbacks, make_or_restore_model, SIGKILL/resume."""
 
+import errno
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +15,19 @@ import pytest
 
 import multigpu
 from multigpu import checkpoints
+from multigpu import data as multigpu_data
 from models import data, mlp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESUMABLE = os.path.join(HERE, "workers", "resumable.py")
 RUN_TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def _no_announced_epoch():
+    """A crashed fit leaves its last epoch announced to seeded datasets."""
+    yield
+    multigpu_data.set_training_epoch(None)
 
 
 class Crash(Exception):
@@ -121,17 +132,47 @@ def test_make_or_restore_skips_an_unreadable_checkpoint(tmp_path, rng):
                                   model.get_weights()[0])
 
 
-def test_newest_checkpoint_is_the_last_written_then_the_furthest(tmp_path):
+def test_newest_checkpoint_is_the_furthest_in_training_not_the_newest_file(
+        tmp_path):
     names = ("ckpt-2.keras", "ckpt-3-4.keras", "ckpt-3-12.keras",
              "ckpt-10.keras", "ckpt-3.keras", ".tmp-1-ckpt-11.keras")
     for name in names:
         (tmp_path / name).write_bytes(b"")
-        os.utime(tmp_path / name, ns=(10**9, 10**9))
     got = [os.path.basename(p) for p in checkpoints.list_checkpoints(tmp_path)]
-    assert got == ["ckpt-10.keras", "ckpt-3.keras", "ckpt-3-12.keras",
-                   "ckpt-3-4.keras", "ckpt-2.keras"]
-    os.utime(tmp_path / "ckpt-2.keras", ns=(2 * 10**9, 2 * 10**9))
-    assert checkpoints.list_checkpoints(tmp_path)[0].endswith("ckpt-2.keras")
+    want = ["ckpt-10.keras", "ckpt-3.keras", "ckpt-3-12.keras",
+            "ckpt-3-4.keras", "ckpt-2.keras"]
+    assert got == want
+    # `touch` (or a copy that rewrites every mtime) changes nothing.
+    os.utime(tmp_path / "ckpt-2.keras", ns=(2 * 10**18, 2 * 10**18))
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path, copy)
+    for directory in (tmp_path, copy):
+        got = [os.path.basename(p)
+               for p in checkpoints.list_checkpoints(directory)]
+        assert got == want
+
+
+def test_max_to_keep_prunes_the_oldest_models(tmp_path, rng):
+    x, y = data(rng, 48)  # 6 batches of 8
+    model = _compiled()
+    model.fit(x, y, batch_size=8, epochs=4, verbose=0,
+              callbacks=multigpu.checkpoint_callbacks(tmp_path, save_freq=2,
+                                                      max_to_keep=2))
+    assert [n for n in _files(tmp_path) if n.endswith(".keras")] == [
+        "ckpt-4-4.keras", "ckpt-4-6.keras"]
+    assert [n for n in _files(tmp_path / "backup") if n.startswith("w")] == [
+        "weights-15.weights.h5", "weights-16.weights.h5"]
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+              callbacks=multigpu.checkpoint_callbacks(tmp_path / "all",
+                                                      max_to_keep=None))
+    assert _files(tmp_path / "all") == ["backup", "ckpt-1.keras",
+                                        "ckpt-2.keras"]
+
+
+@pytest.mark.parametrize("max_to_keep", [0, -1, 1.5, "3", True])
+def test_invalid_max_to_keep_is_named(tmp_path, max_to_keep):
+    with pytest.raises(ValueError, match=r"`max_to_keep`: received"):
+        multigpu.checkpoint_callbacks(tmp_path, max_to_keep=max_to_keep)
 
 
 def test_a_crash_while_writing_a_model_leaves_no_torn_checkpoint(
@@ -168,17 +209,17 @@ def test_a_crash_between_weights_and_epoch_keeps_them_consistent(
     model.fit(x, y, batch_size=8, epochs=1, verbose=0,
               callbacks=multigpu.checkpoint_callbacks(tmp_path))
     after_epoch_1 = model.get_weights()
-    real_save_weights = keras.Model.save_weights
+    real_save_weights = checkpoints.save_weights_file
 
-    def save_then_die(self, *args, **kwargs):
-        real_save_weights(self, *args, **kwargs)
+    def save_then_die(model, path):
+        real_save_weights(model, path)
         raise Crash()  # weights on disk, epoch not recorded yet
 
-    monkeypatch.setattr(keras.Model, "save_weights", save_then_die)
+    monkeypatch.setattr(checkpoints, "save_weights_file", save_then_die)
     with pytest.raises(Crash):
         model.fit(x, y, batch_size=8, epochs=3, verbose=0,
                   callbacks=multigpu.checkpoint_callbacks(tmp_path))
-    monkeypatch.setattr(keras.Model, "save_weights", real_save_weights)
+    monkeypatch.undo()
     probe = _probe_restart(tmp_path)
     assert probe.first_epoch == 1
     for got, want in zip(probe.start_weights, after_epoch_1):
@@ -259,3 +300,120 @@ def test_sigkill_mid_epoch_then_restart_finishes_like_an_unbroken_run(
     assert not [n for n in _files(tmp_path / "ckpt") if n.startswith(".tmp")]
     assert not [n for n in _files(tmp_path / "ckpt" / "backup")
                 if n.startswith(".tmp")]
+
+
+def _trained_into(directory, x, y, epochs=2):
+    model = _compiled()
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
+              callbacks=multigpu.checkpoint_callbacks(directory))
+    return model
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "empty metadata"])
+def test_a_corrupt_backup_falls_back_to_the_previous_state(
+        tmp_path, rng, damage):
+    x, y = data(rng, 16)
+    model = _compiled()
+    epochs_weights = []
+    for epochs in (1, 2):
+        model.fit(x, y, batch_size=8, epochs=epochs, verbose=0,
+                  shuffle=False, initial_epoch=epochs - 1,
+                  callbacks=multigpu.checkpoint_callbacks(tmp_path))
+        epochs_weights.append(model.get_weights())
+    backup = tmp_path / "backup"
+    if damage == "truncated weights":
+        bad = backup / "weights-2.weights.h5"
+        bad.write_bytes(bad.read_bytes()[:100])
+    else:
+        bad = backup / "training_metadata.json"
+        bad.write_text("")
+    with pytest.warns(UserWarning, match=re.escape(str(bad))):
+        probe = _probe_restart(tmp_path)
+    if damage == "truncated weights":
+        assert probe.first_epoch == 1  # the previous state: after epoch 1
+        want = epochs_weights[0]
+    else:
+        assert probe.first_epoch == 2  # state-2.json is intact
+        want = epochs_weights[1]
+    for got, expected in zip(probe.start_weights, want):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_backup_with_no_good_state_falls_back_to_the_newest_model(
+        tmp_path, rng):
+    x, y = data(rng, 16)
+    model = _trained_into(tmp_path, x, y)
+    for path in (tmp_path / "backup").iterdir():
+        path.write_bytes(b"")
+    with pytest.warns(UserWarning, match="resuming from .*ckpt-2.keras"):
+        probe = _probe_restart(tmp_path)
+    assert probe.first_epoch == 2
+    for got, expected in zip(probe.start_weights, model.get_weights()):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_a_full_disk_gives_a_clear_error_and_keeps_the_committed_state(
+        tmp_path, rng, monkeypatch):
+    x, y = data(rng, 16)
+    model = _trained_into(tmp_path, x, y, epochs=1)
+    before = _files(tmp_path / "backup")
+    def disk_full(model, path):
+        with open(path, "wb") as f:
+            f.write(b"\x89HDF partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "save_weights_file", disk_full)
+    with pytest.raises(OSError, match=r"could not write the checkpoint.*"
+                       r"backup.*No space left on device.*intact"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False,
+                  callbacks=multigpu.checkpoint_callbacks(tmp_path))
+    monkeypatch.undo()
+    assert _files(tmp_path / "backup") == before  # temp file removed
+    assert _probe_restart(tmp_path).first_epoch == 1
+
+
+def test_an_unusable_checkpoint_dir_is_refused_before_training(
+        tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"`checkpoint_dir`.*cannot be created"):
+        multigpu.make_or_restore_model(tmp_path / "file" / "ckpt", _compiled)
+    # Root ignores permission bits, so the test asks os.access to say no.
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(ValueError, match=r"cannot write to"):
+        multigpu.checkpoint_callbacks(tmp_path / "locked")
+
+
+def test_numpy_scalars_are_accepted(tmp_path):
+    callbacks = multigpu.checkpoint_callbacks(
+        tmp_path, save_freq=np.int64(2), max_to_keep=np.int32(1))
+    assert callbacks[0].save_freq == 2 and callbacks[1].max_to_keep == 1
+
+
+DISK_FULL = os.path.join(HERE, "workers", "disk_full.py")
+
+
+def test_a_really_full_disk_raises_oserror_not_a_segfault(tmp_path):
+    """A 300 KiB tmpfs fills up during training (needs root to mount)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k",
+                              "tmpfs", str(mount)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root); the failing "
+                    "writer test covers the same code path")
+    try:
+        for units in (600, 1200):  # the backup, then the model, hits ENOSPC
+            directory = mount / f"ckpt-{units}"
+            result = subprocess.run(
+                [sys.executable, DISK_FULL, str(directory), str(units)],
+                capture_output=True, text=True, timeout=RUN_TIMEOUT)
+            assert result.returncode == 0, result.stderr[-2000:]
+            assert "OSError: [Errno 28] checkpoint_callbacks could not write" \
+                in result.stdout
+            assert "intact" in result.stdout
+            names = [n for _, _, files in os.walk(directory) for n in files]
+            assert not [n for n in names if n.startswith(".tmp")], names
+            assert "weights-1.weights.h5" in names
+            subprocess.run(["rm", "-rf", str(directory)], check=True)
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)

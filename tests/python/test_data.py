@@ -177,3 +177,85 @@ def test_invalid_inputs_are_named(rng):
         multigpu.distributed_dataset(examples.repeat(), shuffle=True)
     with pytest.raises(TypeError, match=r"`strategy`"):
         multigpu.distributed_dataset(x, y, strategy="mirrored")
+
+
+def _fit_weights(model, dataset, epochs=2):
+    model.fit(dataset, epochs=epochs, verbose=0)
+    return model.get_weights()
+
+
+def test_an_uneven_final_batch_under_a_strategy_warns_and_even_ones_are_exact(
+        rng):
+    """The warning's claim: 14 rows on 4 replicas differ, 16 rows do not."""
+    x, y = data(rng, 16)
+    strategy = multigpu.mirrored_strategy(4)
+    results = {}
+    for rows in (14, 16):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dataset = multigpu.distributed_dataset(x[:rows], y[:rows], 2,
+                                                   strategy=strategy)
+        uneven = [str(w.message) for w in caught
+                  if "do not split evenly" in str(w.message)]
+        assert len(uneven) == (1 if rows == 14 else 0)
+        assert all("multigpu.multi_gpu_model(model)" in m for m in uneven)
+        with strategy.scope():
+            model = mlp()
+            model.compile(optimizer="sgd", loss="mse")
+        reference = mlp()
+        reference.set_weights(model.get_weights())
+        reference.compile(optimizer="sgd", loss="mse")
+        got = _fit_weights(model, dataset)
+        want = _fit_weights(reference, tf.data.Dataset.from_tensor_slices(
+            (x[:rows], y[:rows])).batch(8))
+        results[rows] = max(float(np.max(np.abs(a - b)))
+                            for a, b in zip(got, want))
+    assert results[16] < 1e-6
+    assert results[14] > 1e-4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": "abc"}, r"`seed`: received 'abc'; expected None"),
+    ({"seed": 1.5}, r"`seed`: received 1.5"),
+    ({"cache": "Memory"}, r"`cache`: received 'Memory'; expected 'memory'"),
+    ({"shuffle": np.int64(1)}, r"`shuffle`: received 1; expected True or"),
+])
+def test_unclear_inputs_get_named_errors(rng, kwargs, message):
+    x, y = data(rng, 8)
+    with pytest.raises(ValueError, match=message):
+        multigpu.distributed_dataset(x, y, 2, **{"shuffle": True, **kwargs})
+
+
+def test_zero_rows_are_refused_with_the_argument_named(rng):
+    x, y = data(rng, 8)
+    with pytest.raises(ValueError, match=r"`x`: received arrays of 0 rows"):
+        multigpu.distributed_dataset(x[:0], y[:0], 2)
+    empty = tf.data.Dataset.from_tensor_slices((x[:0], y[:0]))
+    with pytest.raises(ValueError, match=r"`x`: received an empty"):
+        multigpu.distributed_dataset(empty)
+
+
+def test_numpy_scalars_are_accepted(rng):
+    x, y = data(rng, 8)
+    dataset = multigpu.distributed_dataset(
+        x, y, np.int64(2), shuffle=np.bool_(True), seed=np.int64(3),
+        prefetch=np.bool_(False), drop_remainder=np.bool_(True))
+    assert sorted(map(tuple, _rows(dataset))) == sorted(map(tuple, x))
+
+
+def test_a_seeded_order_depends_on_the_epoch_not_on_the_global_seed(rng):
+    from multigpu import data as data_lib
+    x, y = data(rng, 32)
+    orders = {}
+    for global_seed in (1, 2):
+        tf.random.set_seed(global_seed)
+        dataset = multigpu.distributed_dataset(x, y, 4, shuffle=True, seed=5)
+        try:
+            for epoch in (0, 1):
+                data_lib.set_training_epoch(epoch)
+                orders[global_seed, epoch] = _rows(dataset)
+        finally:
+            data_lib.set_training_epoch(None)
+    np.testing.assert_array_equal(orders[1, 0], orders[2, 0])
+    np.testing.assert_array_equal(orders[1, 1], orders[2, 1])
+    assert not np.array_equal(orders[1, 0], orders[1, 1])

@@ -245,3 +245,31 @@ def test_multi_worker_checkpoints_finish_and_resume_after_a_worker_dies(
     for key in weights[0]:
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
     assert not [n for n in os.listdir(ckpt) if n.startswith(".tmp")]
+
+
+def test_a_stopped_worker_is_named_and_all_are_killed(capfd):
+    with pytest.raises(launch.LaunchError,
+                       match=r"worker 1 has been stopped \(SIGSTOP"):
+        launch.launch(_script("mw_stop.py"), workers=2, startup_timeout=120,
+                      timeout=RUN_TIMEOUT, stopped_timeout=3)
+    assert "[worker 1] worker 1 stops now" in capfd.readouterr().out
+    assert _running_scripts("mw_stop.py") == []
+
+
+def test_a_failure_while_a_worker_is_stopped_names_the_stopped_one():
+    with pytest.raises(launch.LaunchError) as raised:
+        launch.launch(_script("mw_stop.py"), ["peer-fails"], workers=2,
+                      startup_timeout=120, timeout=RUN_TIMEOUT)
+    message = str(raised.value)
+    assert "worker 0 exited with code 5" in message
+    assert "Worker 1 has been stopped (SIGSTOP or SIGTSTP)" in message
+    assert "likely cause" in message
+    assert _running_scripts("mw_stop.py") == []
+
+
+@pytest.mark.parametrize("option", ["--startup-timeout", "--timeout"])
+def test_cli_rejects_negative_timeouts(capsys, option):
+    assert launch.main(["--workers", "2", option, "-5",
+                        _script("echo_config.py")]) == 2
+    assert f"`{option[2:].replace('-', '_')}`: received -5.0" in \
+        capsys.readouterr().err

@@ -1,0 +1,82 @@
+"""Exact resume: killed at seeded-random moments, a run ends like an unbroken one.
+
+Every training path (multi_gpu_model, model.fit under a mirrored strategy,
+fit_distributed) and both checkpoint frequencies (batches, epochs) are killed
+twice with SIGKILL: once inside a checkpoint file write, once right after a
+training step; the restarted runs must end with the weights of an
+uninterrupted run to 1e-6. The model has dropout and the data is shuffled
+(seeded), so the random state and the data order must be restored too.
+"""
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "workers", "resume_exact.py")
+PATHS = ("multi_gpu_model", "mirrored", "fit_distributed")
+FREQUENCIES = ("2", "epoch")
+RUN_TIMEOUT = 300
+SEED = 15
+
+
+def _run(path, save_freq, checkpoint_dir, out, *kill):
+    result = subprocess.run(
+        [sys.executable, WORKER, path, save_freq, str(checkpoint_dir),
+         str(out), *kill],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )
+    return result.returncode, result.stderr
+
+
+def _kill_plan(rng):
+    """Two kills per scenario: inside a checkpoint write, then after a step.
+
+    The first dies in the n-th file commit of its run (n <= 8: always within
+    the first two of the three epochs); the second dies right after step s
+    of 18, which lies beyond where the first kill left training.
+    """
+    return (("--kill-write", str(rng.integers(1, 9))),
+            ("--kill-step", str(rng.integers(13, 18))))
+
+
+def _scenario(tmp_path, path, save_freq, plan):
+    directory = tmp_path / f"{path}-{save_freq}"
+    out = tmp_path / f"{path}-{save_freq}.npz"
+    for kill in plan:
+        code, stderr = _run(path, save_freq, directory, out, *kill)
+        assert code == -signal.SIGKILL, (kill, stderr[-2000:])
+    code, stderr = _run(path, save_freq, directory, out)
+    assert code == 0, stderr[-2000:]
+    return out
+
+
+def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path):
+    rng = np.random.default_rng(SEED)
+    scenarios = [(p, f, _kill_plan(rng)) for p in PATHS for f in FREQUENCIES]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        unbroken = {
+            path: pool.submit(_run, path, "epoch", tmp_path / f"u-{path}",
+                              tmp_path / f"u-{path}.npz")
+            for path in PATHS
+        }
+        resumed = {
+            (path, freq, plan): pool.submit(_scenario, tmp_path, path, freq,
+                                            plan)
+            for path, freq, plan in scenarios
+        }
+        for path, future in unbroken.items():
+            code, stderr = future.result()
+            assert code == 0, stderr[-2000:]
+        for (path, freq, plan), future in resumed.items():
+            got = np.load(future.result())
+            want = np.load(tmp_path / f"u-{path}.npz")
+            for key in want:
+                np.testing.assert_allclose(
+                    got[key], want[key], atol=1e-6, rtol=0,
+                    err_msg=f"{path}, save_freq={freq}, kills {plan}")
