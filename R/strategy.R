@@ -44,6 +44,67 @@ mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
             cross_device_ops = cross_device_ops)
 }
 
+#' A strategy over several machines (workers)
+#'
+#' Synchronous data parallelism across processes, usually on several
+#' machines: every worker holds a copy of the model, takes its share of each
+#' global batch, and the gradients are all-reduced between all workers
+#' (`tf$distribute$MultiWorkerMirroredStrategy`). The same script runs on
+#' every worker; train with [fit_distributed()] (Keras's `fit()` cannot run
+#' under this strategy):
+#'
+#' ```r
+#' strategy <- multi_worker_strategy()
+#' with(strategy$scope(), {
+#'   model <- build_model()
+#'   model |> compile(loss = "mse", optimizer = "adam")
+#' })
+#' data <- distributed_dataset(x, y, per_replica_batch_size = 64,
+#'                             strategy = strategy)
+#' model |> fit_distributed(data, epochs = 10)
+#' ```
+#'
+#' The workers find each other through what the cluster manager sets, in
+#' this order:
+#'
+#' 1. `TF_CONFIG`: Kubernetes (a Kubeflow TFJob), Vertex AI, or, on one
+#'    machine, `python -m multigpu.launch --workers 2 -- Rscript train.R`.
+#' 2. A Slurm job step with more than one task, as started by
+#'    `srun Rscript train.R` (through TensorFlow's `SlurmClusterResolver`; on
+#'    GPU nodes each task gets its share of the node's GPUs, so call
+#'    `multi_worker_strategy()` before anything else uses TensorFlow).
+#' 3. Otherwise this process is the only worker; a warning says so when the
+#'    environment looks like one task of a job that it cannot join (a Slurm
+#'    job with several tasks run without `srun`, say).
+#'
+#' The variables are read from R's environment when `multi_worker_strategy()`
+#' is called, so `Sys.setenv(TF_CONFIG = ...)` before the call works.
+#' Creating the strategy waits until every worker has joined. A process has
+#' one such strategy: calling again returns the same one.
+#' `strategy$cluster_resolver$task_id` is this worker's index; worker 0 is
+#' the chief. See `vignette("distributed-training")` for a Slurm batch
+#' script and a Kubernetes manifest.
+#'
+#' @returns A `tf$distribute$MultiWorkerMirroredStrategy` (a Python object):
+#'   use `strategy$scope()` with [with()]; `strategy$num_replicas_in_sync` is
+#'   the number of replicas over all workers.
+#' @family multi-device training
+#' @export
+#' @examples
+#' \dontrun{
+#' # In a script run once per worker, e.g. `srun -n 2 Rscript train.R`:
+#' strategy <- multi_worker_strategy()
+#' strategy$num_replicas_in_sync
+#' }
+multi_worker_strategy <- function() {
+  core()
+  # Python copied the environment when it started; pass on what R sees now
+  # (Sys.setenv(TF_CONFIG = ...) after Python started, say).
+  cluster <- reticulate::import("multigpu.cluster", convert = FALSE)
+  with_python(cluster$use_environment(as.list(Sys.getenv())))
+  call_core("multi_worker_strategy")
+}
+
 #' Train under a strategy with `strategy$run()`
 #'
 #' A `fit()` for any strategy: each step runs the model's compiled training

@@ -1,13 +1,16 @@
 """Start N local workers of a multi-worker training script.
 
     python -m multigpu.launch --workers 2 train.py --epochs 3
+    python -m multigpu.launch --workers 2 -- Rscript train.R --epochs 3
 
-starts `train.py` N times, each with a `TF_CONFIG` describing a cluster of N
-workers on free loopback ports and its own task index, and streams their
-output prefixed with `[worker i]`. The script creates its strategy with
-`multigpu.multi_worker_strategy()` and trains with `multigpu.fit_distributed`;
-on a real cluster the same script runs unchanged, one copy per machine, with
-`TF_CONFIG` set by the cluster manager instead of this launcher.
+starts `train.py` (or, after `--`, any command) N times, each with a
+`TF_CONFIG` describing a cluster of N workers on free loopback ports and its
+own task index, and streams their output prefixed with `[worker i]`. The
+script creates its strategy with `multigpu.multi_worker_strategy()` (in R:
+`multi_worker_strategy()`) and trains with `fit_distributed`; on a real
+cluster the same script runs unchanged, one copy per machine, started by the
+cluster manager (Kubernetes sets `TF_CONFIG`, Slurm's `srun` its step
+variables) instead of this launcher; see docs/cluster.md.
 
 A worker that dies takes the others down at once: TensorFlow workers whose
 peers are gone wait in their collectives (for over 10 minutes, ignoring
@@ -21,6 +24,7 @@ import argparse
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -223,7 +227,7 @@ def _check_seconds(name, value, zero_means):
 
 def launch(script, script_args=(), workers=2, startup_timeout=120.0,
            timeout=None, host="127.0.0.1", stopped_timeout=60.0):
-    """Runs `script` as `workers` local workers of one cluster.
+    """Runs the Python script `script` as `workers` local workers of one cluster.
 
     Args:
         script: Path of the Python training script.
@@ -246,6 +250,60 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
             worker has then been killed. `exit_status` is the code to exit
             with.
     """
+    if not os.path.isfile(script):
+        raise ValueError(
+            f"Invalid `script`: received {literal(script)}, which is not a file."
+        )
+    return launch_command([sys.executable, "-u", script, *script_args],
+                          workers, startup_timeout, timeout, host,
+                          stopped_timeout)
+
+
+def _check_command(command):
+    if isinstance(command, (str, bytes)) or not command or not all(
+            isinstance(part, str) for part in command):
+        raise ValueError(
+            f"Invalid `command`: received {literal(command)}; expected a "
+            "non-empty list of strings, the program and its arguments, e.g. "
+            f"{literal(['Rscript', 'train.R'])}."
+        )
+    if shutil.which(command[0]) is None:
+        raise ValueError(
+            f"Invalid `command`: {literal(command[0])} is not a program on "
+            "PATH nor an executable file."
+        )
+    return list(command)
+
+
+def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
+                   host="127.0.0.1", stopped_timeout=60.0):
+    """Runs any `command` as `workers` local workers of one cluster.
+
+    Each copy gets its `TF_CONFIG`; the command (an R script calling the R
+    package's `multi_worker_strategy()`, a shell script, ...) must reach
+    `multigpu.multi_worker_strategy()` in some process it starts, with the
+    environment it was given, within `startup_timeout`.
+
+    Args:
+        command: The program and its arguments, e.g. `["Rscript", "train.R"]`.
+        workers: Number of worker processes, an int >= 1.
+        startup_timeout: Seconds every worker has to join the cluster; 0 or
+            None to wait forever.
+        timeout: Seconds the whole run may take; None for no limit.
+        host: Address the workers listen on.
+        stopped_timeout: As for `launch`.
+
+    Returns:
+        0 once every worker has exited successfully.
+
+    Raises:
+        ValueError: for an invalid argument.
+        LaunchError: when a worker fails or a deadline passes, as `launch`.
+
+    Example:
+    >>> launch_command(["Rscript", "train.R"], workers=2)
+    0
+    """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
             f"Invalid `workers`: received {literal(workers)}; expected an int >= 1."
@@ -255,10 +313,7 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
     timeout = _check_seconds("timeout", timeout, "for no limit")
     stopped_timeout = _check_seconds("stopped_timeout", stopped_timeout,
                                      "to wait forever")
-    if not os.path.isfile(script):
-        raise ValueError(
-            f"Invalid `script`: received {literal(script)}, which is not a file."
-        )
+    command = _check_command(command)
     addresses = [f"{host}:{port}" for port in free_ports(workers, host)]
     lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="multigpu-launch-") as ready_dir:
@@ -268,7 +323,6 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
                 env = dict(os.environ, TF_CONFIG=tf_config(addresses, index),
                            PYTHONUNBUFFERED="1")
                 env[READY_DIR_VARIABLE] = ready_dir
-                command = [sys.executable, "-u", script, *script_args]
                 running.append(_Worker(index, command, env, lock))
             for worker in running:
                 worker.start_streaming()
@@ -285,8 +339,9 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m multigpu.launch",
-        description="Run a multi-worker training script as N local workers, "
-        "each with its TF_CONFIG (cluster on free loopback ports).",
+        description="Run a multi-worker training script (or, after --, any "
+        "command) as N local workers, each with its TF_CONFIG (cluster on "
+        "free loopback ports).",
     )
     parser.add_argument("--workers", type=int, default=2,
                         help="number of worker processes (default 2)")
@@ -298,10 +353,23 @@ def _parser():
                         help="seconds the whole run may take (default: none)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the workers listen on")
-    parser.add_argument("script", help="the training script")
+    parser.add_argument("script", nargs="?",
+                        help="the Python training script (or, after --, "
+                        "any command: -- Rscript train.R)")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="arguments for the script")
     return parser
+
+
+def _split_command(argv):
+    """(launcher options, command) when `--` comes before any script."""
+    if "--" not in argv:
+        return argv, None
+    cut = argv.index("--")
+    head = _parser().parse_args(argv[:cut])
+    if head.script is not None:  # `--` belongs to the script's arguments
+        return argv, None
+    return argv[:cut], argv[cut + 1:]
 
 
 def _on_signal(signum, frame):
@@ -310,9 +378,20 @@ def _on_signal(signum, frame):
 
 def main(argv=None):
     """Command-line entry point; returns the process exit status."""
-    options = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    head, command = _split_command(argv)
+    options = parser.parse_args(head)
+    if command is None and options.script is None:
+        parser.error("give the training script, or -- and a command "
+                     "(python -m multigpu.launch --workers 2 -- Rscript "
+                     "train.R)")
     signal.signal(signal.SIGTERM, _on_signal)
     try:
+        if command is not None:
+            return launch_command(command, options.workers,
+                                  options.startup_timeout, options.timeout,
+                                  options.host)
         return launch(options.script, options.args, options.workers,
                       options.startup_timeout, options.timeout, options.host)
     except ValueError as error:

@@ -20,16 +20,17 @@ The strategies also turn the classic errors of strategy code into messages
 that say what went wrong and how to fix it (see `StrategyUsageError`).
 
 `multi_worker_strategy` is the multi-machine counterpart: a
-`tf.distribute.MultiWorkerMirroredStrategy` configured from `TF_CONFIG`.
+`tf.distribute.MultiWorkerMirroredStrategy` over the cluster the cluster
+manager describes (`TF_CONFIG` or a Slurm job step; see `multigpu.cluster`).
 """
 
 import itertools
-import json
 import os
 import threading
 
 import tensorflow as tf
 
+from multigpu import cluster as cluster_lib
 from multigpu import devices as devices_lib
 
 # Strategies made here number their collective groups from
@@ -301,38 +302,12 @@ def strategy_over(devices, cross_device_ops=None):
     return cached[0]
 
 
-def _tf_config():
-    raw = os.environ.get("TF_CONFIG", "")
-    if not raw.strip():
-        return None
-    try:
-        config = json.loads(raw)
-        workers = config["cluster"]["worker"]
-        task = config["task"]
-        index = int(task["index"])
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(
-            f"Invalid TF_CONFIG environment variable: received {raw!r} "
-            f"({type(error).__name__}: {error}). Expected JSON such as "
-            '{"cluster": {"worker": ["host0:port", "host1:port"]}, '
-            '"task": {"type": "worker", "index": 0}}; start local workers '
-            "with `python -m multigpu.launch --workers N script.py`, or let "
-            "the cluster manager set it."
-        ) from None
-    if not 0 <= index < len(workers) and task.get("type") == "worker":
-        raise ValueError(
-            f"Invalid TF_CONFIG environment variable: task index {index} is "
-            f"out of range for {len(workers)} worker(s) in {raw!r}."
-        )
-    return config
-
-
 def _signal_ready():
     """Tells `multigpu.launch` this worker has joined its cluster."""
     ready_dir = os.environ.get("MULTIGPU_LAUNCH_READY_DIR")
     if not ready_dir:
         return
-    config = _tf_config() or {"task": {"index": 0}}
+    config = cluster_lib.tf_config() or {"task": {"index": 0}}
     path = os.path.join(ready_dir, f"worker-{config['task']['index']}")
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
@@ -342,23 +317,31 @@ def _signal_ready():
 def multi_worker_strategy():
     """A `tf.distribute.MultiWorkerMirroredStrategy` for this process.
 
-    The cluster comes from the `TF_CONFIG` environment variable, set by the
-    cluster manager on a real cluster (Kubernetes/Kubeflow, Slurm scripts,
-    Vertex AI...) or by `python -m multigpu.launch --workers N script.py` on
-    one machine. Without `TF_CONFIG` the strategy has this process as its
-    only worker. TensorFlow allows one such strategy per process, so every
-    call returns the same object. Creating it waits until every worker of
-    the cluster has joined (one tiny all-reduce), so a cluster that cannot
-    form fails here, not in the middle of the first step.
+    The cluster comes from what the cluster manager provides (see
+    `multigpu.cluster.cluster_resolver`), in this order: `TF_CONFIG` (set by
+    Kubernetes/Kubeflow TFJobs, Vertex AI, or `python -m multigpu.launch
+    --workers N` on one machine); a Slurm job step with more than one task
+    (`srun -n2 python train.py`, through TensorFlow's
+    `SlurmClusterResolver`; on GPU nodes each task gets its share of the
+    node's GPUs through `CUDA_VISIBLE_DEVICES`, so call this first in the
+    script); otherwise this process is the only worker, with a warning when
+    the environment looks like a multi-task job it cannot join. TensorFlow
+    allows one such strategy per process, so every call returns the same
+    object. Creating it waits until every worker of the cluster has joined
+    (one tiny all-reduce), so a cluster that cannot form fails here, not in
+    the middle of the first step.
 
     Train with `multigpu.fit_distributed(model, dataset)`: Keras 3's
-    `model.fit` fails under this strategy.
+    `model.fit` fails under this strategy. `strategy.cluster_resolver.task_id`
+    is this worker's index (0 writes the checkpoints).
 
     Returns:
         A `tf.distribute.MultiWorkerMirroredStrategy`.
 
     Raises:
-        ValueError: if `TF_CONFIG` is set but is not a valid cluster spec.
+        multigpu.cluster.ClusterError: (a `ValueError`) if `TF_CONFIG` is
+            not a valid cluster spec, or a Slurm step's variables are
+            incomplete; the message names what was found and what is missing.
 
     Example:
     >>> strategy = multigpu.multi_worker_strategy()
@@ -370,8 +353,9 @@ def multi_worker_strategy():
     with _lock:
         if _multi_worker:
             return _multi_worker[0]
-        _tf_config()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = cluster_lib.cluster_resolver()
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver)
         # A barrier: returns once every worker is up and connected.
         strategy.reduce(
             tf.distribute.ReduceOp.SUM,

@@ -93,3 +93,126 @@ test_that("multi_gpu_model(engine = 'mirrored') trains a mirrored copy and keeps
                predict(model, iris_x(1:5), verbose = 0), tolerance = 1e-5)
   expect_error(multi_gpu_model(model, engine = "bogus"), "engine", class = "multigpu_value_error")
 })
+
+# Multi-worker training from R: the same script (workers/train.R) on 2
+# workers, started by Slurm's srun or by multigpu's launcher.
+
+# The environment of a worker R process: this multigpu (the source tree
+# when the tests run from it) and this R library path.
+worker_env <- function() {
+  path <- getNamespaceInfo("multigpu", "path")
+  from_source <- length(list.files(file.path(path, "R"), "\\.R$")) > 0L
+  c(R_LIBS = paste(.libPaths(), collapse = .Platform$path.sep),
+    MULTIGPU_R_SOURCE = if (from_source) path else "",
+    TF_CPP_MIN_LOG_LEVEL = "2")
+}
+
+# Runs `command` with the worker environment; returns its output lines with
+# attribute `status`.
+run_command <- function(command, args) {
+  withr::with_envvar(worker_env(), {
+    output <- suppressWarnings(system2(command, args, stdout = TRUE,
+                                       stderr = TRUE))
+  })
+  structure(output, status = attr(output, "status") %||% 0L)
+}
+
+# Trains workers/train.R on 2 workers through `start` (a function of the
+# Rscript command line returning the output); checks both workers against
+# one process training on the same global batches.
+expect_two_workers_train_like_one_process <- function(start) {
+  out <- withr::local_tempdir()
+  set.seed(3)
+  x <- matrix(stats::runif(96 * 4), ncol = 4)
+  data <- list(x = x, y = matrix(rowSums(x), ncol = 1), epochs = 3L)
+  data_file <- file.path(out, "data.rds")
+  saveRDS(data, data_file)
+  rscript <- c(file.path(R.home("bin"), "Rscript"), "--vanilla",
+               test_path("workers", "train.R"), data_file, out)
+  output <- start(rscript)
+  expect_identical(attr(output, "status"), 0L,
+                   info = paste(output, collapse = "\n"))
+  expect_true(all(c("worker 0 done", "worker 1 done") %in% trimws(
+    sub("^\\[worker [0-9]+\\] ", "", output))), info = paste(output, collapse = "\n"))
+  workers <- lapply(0:1, function(i) readRDS(file.path(out, sprintf("worker-%d.rds", i))))
+  expect_identical(workers[[1]]$replicas, 2L)
+  expect_identical(workers[[2]]$replicas, 2L)
+  expect_identical(workers[[1]]$weights, workers[[2]]$weights)
+
+  keras <- keras_py()
+  reference <- keras$Sequential(list(
+    keras$Input(shape = list(4L)),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$Dense(1L)
+  ))
+  reference$set_weights(workers[[1]]$initial)
+  reference |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
+                       loss = "mse")
+  history <- reference |> fit(data$x, data$y, batch_size = 16, epochs = 3,
+                              shuffle = FALSE, verbose = 0)
+  expect_equal(workers[[1]]$loss, history$metrics$loss, tolerance = 1e-5)
+  expect_equal(workers[[1]]$weights, reference$get_weights(), tolerance = 1e-5)
+}
+
+# srun, after starting the single-node Slurm of .ci/slurm-up.sh if needed.
+# Skips where Slurm cannot start (not root, no apt-get), never in CI.
+skip_if_no_slurm <- function() {
+  srun_works <- function() {
+    identical(attr(run_command("srun", c("-n2", "true")), "status"), 0L)
+  }
+  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
+  up <- file.path(Sys.getenv("MULTIGPU_CORE", "../.."), ".ci", "slurm-up.sh")
+  said <- if (file.exists(up)) run_command("bash", shQuote(up)) else
+    paste("no", up, "(set MULTIGPU_CORE to the multigpu checkout)")
+  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
+  reason <- paste("Slurm cannot be started here:", paste(tail(said, 3), collapse = " "))
+  if (nzchar(Sys.getenv("CI"))) stop(reason, " (CI must run the Slurm tests)")
+  skip(reason)
+}
+
+test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fit_distributed() trains like one process", {
+  skip_if_no_multigpu()
+  skip_if_no_slurm()
+  expect_two_workers_train_like_one_process(function(rscript) {
+    run_command("srun", c("-n2", "--kill-on-bad-exit=1", "--time=5",
+                          shQuote(rscript)))
+  })
+})
+
+test_that("python -m multigpu.launch --workers 2 -- Rscript train.R trains like one process", {
+  skip_if_no_multigpu()
+  python <- multigpu_config()$python
+  expect_two_workers_train_like_one_process(function(rscript) {
+    run_command(python, c("-m", "multigpu.launch", "--workers", "2",
+                          "--timeout", "300", "--", shQuote(rscript)))
+  })
+})
+
+test_that("the launcher stops R workers at once when one fails", {
+  skip_if_no_multigpu()
+  script <- withr::local_tempfile(fileext = ".R")
+  writeLines(c(
+    "index <- jsonlite::fromJSON(Sys.getenv('TF_CONFIG'))$task$index",
+    "if (index == 1) { cat('R worker 1 fails\\n'); quit(status = 4) }",
+    "Sys.sleep(300)"
+  ), script)
+  started <- Sys.time()
+  output <- run_command(multigpu_config()$python, c(
+    "-m", "multigpu.launch", "--workers", "2", "--startup-timeout", "0", "--",
+    shQuote(file.path(R.home("bin"), "Rscript")), "--vanilla", shQuote(script)))
+  expect_identical(attr(output, "status"), 4L)
+  expect_true(any(grepl("worker 1 exited with code 4", output)))
+  expect_true("[worker 1] R worker 1 fails" %in% output)
+  expect_lt(as.numeric(difftime(Sys.time(), started, units = "secs")), 120)
+})
+
+test_that("multi_worker_strategy() reads TF_CONFIG as R sees it and names a malformed one", {
+  skip_if_no_multigpu()
+  withr::with_envvar(c(TF_CONFIG = '{"cluster": {}}'), {
+    expect_error(multi_worker_strategy(), "Invalid TF_CONFIG environment variable: received \"{",
+                 fixed = TRUE, class = "multigpu_value_error")
+  })
+  # Python's copy of the environment follows R's again.
+  reticulate::import("multigpu.cluster")$use_environment(as.list(Sys.getenv()))
+  expect_null(reticulate::import("os")$environ$get("TF_CONFIG"))
+})

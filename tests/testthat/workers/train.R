@@ -1,0 +1,37 @@
+# One worker of a multi-worker training run, the same script on every worker:
+#   srun -n 2 Rscript train.R DATA.rds OUT_DIR
+#   python -m multigpu.launch --workers 2 -- Rscript train.R DATA.rds OUT_DIR
+# Writes OUT_DIR/worker-<index>.rds: replicas, initial and final weights,
+# and the loss history.
+source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
+if (nzchar(source_tree)) {
+  pkgload::load_all(source_tree, quiet = TRUE)
+} else {
+  library(multigpu)
+}
+args <- commandArgs(trailingOnly = TRUE)
+data <- readRDS(args[[1]])
+
+# First: on GPU nodes it gives this task its GPUs before TensorFlow starts.
+strategy <- multi_worker_strategy()
+index <- strategy$cluster_resolver$task_id
+
+keras <- reticulate::import("keras")
+keras$utils$set_random_seed(1234L)
+with(strategy$scope(), {
+  model <- keras$Sequential(list(
+    keras$Input(shape = list(ncol(data$x))),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$Dense(1L)
+  ))
+  model |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
+                   loss = "mse")
+})
+initial <- model$get_weights()
+dataset <- distributed_dataset(data$x, data$y, per_replica_batch_size = 8,
+                               strategy = strategy)
+history <- model |> fit_distributed(dataset, epochs = data$epochs, verbose = 0)
+saveRDS(list(replicas = strategy$num_replicas_in_sync, initial = initial,
+             weights = model$get_weights(), loss = history$metrics$loss),
+        file.path(args[[2]], sprintf("worker-%d.rds", index)))
+cat(sprintf("worker %d done\n", index))
