@@ -275,7 +275,7 @@ def _classify(name, node, nbytes, gradient_sizes, weights_on,
 
 
 def step_transfers(partition_nodes, sizes_by_op, gradient_sizes=(),
-                   weight_devices=(), optimizer_scopes=()):
+                   weight_devices=(), optimizer_scopes=(), host=None):
     """The device-to-device transfers of one executed step.
 
     Args:
@@ -290,6 +290,9 @@ def step_transfers(partition_nodes, sizes_by_op, gradient_sizes=(),
         optimizer_scopes: Name scopes of the optimizer's ops (its name):
             their tensors sent to another device are weight updates,
             counted with the gradients they are computed from.
+        host: The device inputs come from (e.g. `"/device:CPU:0"`): a
+            step argument that is already on another device was copied
+            there from `host` before the step, and is counted as such.
 
     Returns:
         A list of `Transfer(source, destination, kind, tensor, bytes)`;
@@ -328,6 +331,12 @@ def step_transfers(partition_nodes, sizes_by_op, gradient_sizes=(),
                                       tensor.split(":")[0], nbytes))
         elif node.op in COLLECTIVE_OPS:
             collectives.append((device, node))
+        elif (node.op == "_Arg" and host is not None and device != host
+              and _arg_size(node)):
+            # An input the caller (tf.distribute's input pipeline) placed
+            # on this device before the step: copied from the host.
+            transfers.append(Transfer(host, device, "activations", node.name,
+                                      _arg_size(node)))
     return transfers + _ring_transfers(collectives, graph, sizes_by_op)
 
 

@@ -26,6 +26,9 @@ PLUMBING_OPS = frozenset({
     "Switch", "Merge", "Identity",
 })
 
+# Where a step's inputs come from: Keras hands batches over on the host.
+HOST_DEVICE = "/device:CPU:0"
+
 ExecutedNode = collections.namedtuple("ExecutedNode", ["device", "op", "name"])
 
 
@@ -204,11 +207,21 @@ def _state_variables(model):
     state = list(model.variables) + list(getattr(model, "metrics_variables", []))
     if optimizer is not None:
         state += list(optimizer.variables)
+    # The template of a mirrored-engine model, which its steps copy into.
+    template = getattr(model, "template", None)
+    if template is not None:
+        state += list(template.variables)
     return list({id(v): v for v in state}.values())
 
 
 def _step_runner(model, x, y):
-    """A function running one step on (x, y), and its kind."""
+    """A function running one step on (x, y), and its kind.
+
+    A training step is `train_on_batch`. Under a `tf.distribute` strategy
+    (a strategy-built model, the mirrored engine) Keras 3 hands every
+    replica the whole batch there, where `fit` gives each replica its rows;
+    the report shows what `train_on_batch` moved.
+    """
     if y is None:
         return (lambda: model.predict_on_batch(x)), "predict", "predict_function"
     if getattr(model, "optimizer", None) is None:
@@ -389,6 +402,7 @@ def _model_transfers(model, node_defs, sizes, variables):
         gradient_sizes={_nbytes(v) for v in model.trainable_weights},
         weight_devices=[d for d, (count, _) in variables.items() if count],
         optimizer_scopes=[optimizer.name] if optimizer is not None else [],
+        host=HOST_DEVICE,
     )
 
 
@@ -599,6 +613,11 @@ def placement_report(model, x=None, y=None, print_table=True):
         transfers = _model_transfers(model, node_defs, sizes, variables)
         notes.append(f"ops: executed in one {kind} step (run metadata), "
                      "transfers and function boundaries excluded")
+        if kind == "train" and model.distribute_strategy.num_replicas_in_sync > 1:
+            notes.append(
+                "train_on_batch under a tf.distribute strategy hands every "
+                "replica the whole batch (Keras 3); fit sends each replica "
+                "its rows only")
     devices = _report_devices(
         set(variables) | {n.device for n in nodes or []}
     )
