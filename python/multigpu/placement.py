@@ -406,6 +406,46 @@ def _model_transfers(model, node_defs, sizes, variables):
     )
 
 
+def step_traffic(model, x, y=None):
+    """The transfers of one step, without the rest of the report.
+
+    Runs the step twice (sized, observed) on fresh step functions and
+    restores the model's state, like `placement_report`, without profiling.
+
+    Args:
+        model: A Keras model (compiled when `y` is given).
+        x: Inputs of one batch.
+        y: Targets of that batch for a training step, or None for a
+            prediction step.
+
+    Returns:
+        A list of `multigpu.communication.Transfer`.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `placement_report`.
+
+    Example:
+    >>> transfers = step_traffic(parallel, x[:64], y[:64])
+    >>> communication.bytes_by_kind(transfers)["weights"]
+    3276800
+    """
+    _check_report_args(model, x, y, True)
+    if x is None:
+        raise ValueError(
+            "Invalid `x`: received None; a step needs one batch of inputs.")
+    run, _, attribute = _step_runner(model, x, y)
+    with _Restored(model):
+        previous = _fresh_function(model, attribute)
+        try:
+            sizes = communication.recorded_tensor_sizes(run)
+            _fresh_function(model, attribute)
+            _, node_defs = executed_node_defs(run)
+        finally:
+            setattr(model, attribute, previous)
+    return _model_transfers(model, node_defs, sizes,
+                            variables_by_device(model))
+
+
 def gradient_bytes(model):
     """Bytes of one copy of a model's trainable weights (and gradients)."""
     seen = {id(w): w for w in model.trainable_weights}
