@@ -264,7 +264,9 @@ def main(argv=None):
         workload, n = args.worker[0], int(args.worker[1])
         # ResNet-50 in stages adds nothing the dense workloads do not show
         # and costs minutes per step here.
-        engines = ENGINES[:2] if workload == "resnet50" else ENGINES
+        # model_parallel needs a layer per stage (the demo has 6).
+        engines = (ENGINES[:2] if workload == "resnet50" or n > 4
+                   else ENGINES)
         print(json.dumps(worker(workload, n, engines, args.repeats)))
         return 0
     workloads = ["demo"] if args.quick else args.workloads.split(",")

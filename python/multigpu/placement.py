@@ -294,6 +294,30 @@ def _trace_op_times(run):
     return _times_from_space(space), None
 
 
+def op_seconds(run):
+    """Kernel seconds per executed node of `run()`, from the profiler's trace.
+
+    Args:
+        run: A callable running TensorFlow functions (one or more steps).
+
+    Returns:
+        A dict `{node name: seconds}` summed over every execution in the
+        trace (host ops; GPU kernels are under `("@device", plane)` keys of
+        the raw trace and not included), or None when the profiler could
+        not trace.
+
+    Example:
+    >>> seconds = op_seconds(lambda: model.train_on_batch(x, y))
+    >>> sum(seconds.values())
+    0.0021...
+    """
+    times, _ = _trace_op_times(run)
+    if times is None:
+        return None
+    return {key: value for (kind, key), value in times.items()
+            if kind == "@node"}
+
+
 def _times_from_space(space):
     """Kernel time per node name (host ops) and per device plane (GPUs)."""
     times = collections.Counter()

@@ -126,3 +126,46 @@ def predict_step(traffic, compute_seconds, link, devices, overlap=False):
             else compute_seconds + comm)
     return Prediction(chosen.name, devices, compute_seconds, comm, step,
                       devices * compute_seconds / step)
+
+
+EngineChoice = collections.namedtuple("EngineChoice", ["engine", "reason"])
+
+
+def choose_engine(devices):
+    """The engine of `multi_gpu_model` that should be fastest on `devices`.
+
+    From the byte counts (docs/benchmarks.md, "Where the bytes go"): per
+    step, the replicate engine's first device sends `n - 1` copies of the
+    weights and receives `n - 1` copies of the gradients, where the
+    mirrored engine's ring all-reduce moves `2 (n - 1) / n` copies per
+    device. On GPUs, from 3 devices on, that makes the mirrored engine the
+    predicted winner; on 2 GPUs both move one copy and the replicate
+    engine's smaller fixed cost decides. On logical CPU devices the copies
+    are references and the replicate engine is the measured winner.
+
+    Args:
+        devices: Canonical device names (`multigpu.resolve_devices`).
+
+    Returns:
+        An `EngineChoice(engine, reason)`.
+
+    Example:
+    >>> choose_engine(["/device:GPU:%d" % i for i in range(8)]).engine
+    'mirrored'
+    """
+    devices = list(devices)
+    gpus = [d for d in devices if "GPU" in d.upper()]
+    if len(gpus) >= 3:
+        n = len(devices)
+        return EngineChoice("mirrored", (
+            f"on {n} GPUs the replicate engine's first device would send "
+            f"{n - 1} copies of the weights and receive {n - 1} copies of "
+            f"the gradients per step; the mirrored engine's all-reduce "
+            f"moves {2 * (n - 1) / n:.2f} copies per device"))
+    if gpus:
+        return EngineChoice("replicate", (
+            "on 2 GPUs both engines move one copy of the weights per device "
+            "per step; the replicate engine has the smaller fixed cost"))
+    return EngineChoice("replicate", (
+        "on logical CPU devices transfers are references, not copies; the "
+        "replicate engine is the measured winner (docs/benchmarks.md)"))

@@ -40,3 +40,13 @@ def test_bad_arguments_name_the_value():
         scaling.predict_step({}, 0, "pcie4", devices=2)
     with pytest.raises(ValueError, match=r"Invalid `compute_seconds`"):
         scaling.predict_step({}, True, "pcie4", devices=2)
+
+
+def test_choose_engine_follows_the_byte_counts():
+    gpus = [f"/device:GPU:{i}" for i in range(8)]
+    assert scaling.choose_engine(gpus).engine == "mirrored"
+    assert "7 copies" in scaling.choose_engine(gpus).reason
+    assert scaling.choose_engine(gpus[:4]).engine == "mirrored"
+    assert scaling.choose_engine(gpus[:2]).engine == "replicate"
+    cpus = [f"/device:CPU:{i}" for i in range(4)]
+    assert scaling.choose_engine(cpus).engine == "replicate"
