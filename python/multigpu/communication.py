@@ -217,6 +217,10 @@ class _Graph:
 
     def size(self, tensor, sizes_by_op):
         """Bytes of `tensor` in the executed step, or None if unknown."""
+        name, _, slot = tensor.lstrip("^").partition(":")
+        direct = _recorded_size(name, int(slot or 0), sizes_by_op)
+        if direct is not None:
+            return direct
         found = self.producer(tensor)
         options = found.options if isinstance(found, _Merged) else [found]
         for name, slot, node in options:
