@@ -32,6 +32,7 @@ TARGET_ROWS = 32
 # Row-proportional kinds of traffic.
 PER_ROW_KINDS = ("activations", "activation gradients")
 LINK_NAMES = ("pcie4", "nvlink3", "nvlink4")
+HOST = "/device:CPU:0"
 # ResNet-50 training on one A100 (TF32, about 800 images/s in NVIDIA's
 # published TensorFlow figures): 32 images in about 40 ms.
 RESNET50_GPU_SECONDS = 0.040
@@ -136,35 +137,67 @@ def _scaled(row):
             by_kind)
 
 
-def predictions(rows):
-    """Predicted step time and speed-up per row and link."""
-    from multigpu import communication, scaling
+def _as_fit(row, traffic):
+    """The mirrored engine's traffic with `fit`'s input split.
 
+    `train_on_batch` under a strategy sends the whole batch to every
+    replica; `fit` sends each replica its rows, `1/n` of it. Each non-host
+    device's received activations (the batch, `A / (n - 1)` of the total
+    `A`) shrink to `1/n` of that, and the host sends that much less.
+    """
+    n = row["devices"]
+    batch_share = row["by_kind"]["activations"] * (
+        TARGET_ROWS / row["rows_per_replica"]) / (n - 1)
+    saved = batch_share * (1 - 1 / n)
+    adjusted = {}
+    for device, (sent, received) in traffic.items():
+        if device == HOST:
+            adjusted[device] = (sent - saved * (n - 1), received)
+        else:
+            adjusted[device] = (sent, received - saved)
+    return adjusted
+
+
+def predictions(rows):
+    """Predicted step time and speed-up per row, engine variant and link."""
     out = []
     for row in rows:
         if row["engine"] == "model_parallel":
             continue  # stages run one after another: no data-parallel speed-up
         traffic, _ = _scaled(row)
-        compute = row["compute_seconds"] * (
-            TARGET_ROWS / row["rows_per_replica"])
-        gpu_compute = (RESNET50_GPU_SECONDS if row["workload"] == "resnet50"
-                       else None)
-        for link in LINK_NAMES:
-            for label, seconds in (("cpu", compute), ("gpu", gpu_compute)):
-                if seconds is None:
-                    continue
-                p = scaling.predict_step(traffic, seconds, link,
-                                         devices=row["devices"])
-                out.append({
-                    "workload": row["workload"], "engine": row["engine"],
-                    "devices": row["devices"], "link": link,
-                    "compute": label, "compute_seconds": seconds,
-                    "comm_seconds": p.comm_seconds,
-                    "speedup": p.speedup,
-                    "bound_seconds": communication.ring_allreduce_bytes(
-                        row["gradient_bytes"], row["devices"])
-                    / scaling.LINKS[link].bandwidth,
-                })
+        variants = [(row["engine"], traffic)]
+        if row["engine"] == "mirrored":
+            variants.append(("mirrored, fit's input split",
+                             _as_fit(row, traffic)))
+        for engine, engine_traffic in variants:
+            out += _predict(row, engine, engine_traffic)
+    return out
+
+
+def _predict(row, engine, traffic):
+    """One configuration's predictions on every link and compute time."""
+    from multigpu import communication, scaling
+
+    # Compute time of one replica's TARGET_ROWS rows: measured on this CPU
+    # (scaled linearly from the counted rows), and for ResNet-50 an A100's.
+    compute_times = [("cpu", row["compute_seconds"]
+                      * TARGET_ROWS / row["rows_per_replica"])]
+    if row["workload"] == "resnet50":
+        compute_times.append(("gpu", RESNET50_GPU_SECONDS))
+    out = []
+    for link in LINK_NAMES:
+        for label, seconds in compute_times:
+            p = scaling.predict_step(traffic, seconds, link,
+                                     devices=row["devices"])
+            out.append({
+                "workload": row["workload"], "engine": engine,
+                "devices": row["devices"], "link": link,
+                "compute": label, "compute_seconds": seconds,
+                "comm_seconds": p.comm_seconds, "speedup": p.speedup,
+                "bound_seconds": communication.ring_allreduce_bytes(
+                    row["gradient_bytes"], row["devices"])
+                / scaling.LINKS[link].bandwidth,
+            })
     return out
 
 
@@ -190,20 +223,24 @@ def markdown(rows, preds):
             f"| {row['workload']} | {row['engine']} | {row['devices']} | "
             + " | ".join(_mib(by_kind[k]) for k in communication.KINDS)
             + f" | {_mib(busiest)} | {_mib(bound)} |")
-    lines += ["", "### Predicted speed-up on 8 devices (per-replica batch 32)", "",
-              "| workload | engine | compute / step | "
+    lines += ["", "### Predicted speed-up (per-replica batch 32; step time on "
+              "PCIe 4.0 in brackets)", "",
+              "| workload | engine | compute / step | devices | "
               + " | ".join(scaling.LINKS[k].name for k in LINK_NAMES) + " |",
-              "|---|---|---|" + "---:|" * len(LINK_NAMES)]
+              "|---|---|---|---:|" + "---:|" * len(LINK_NAMES)]
     keyed = {}
     for p in preds:
-        if p["devices"] == 8:
-            keyed.setdefault((p["workload"], p["engine"], p["compute"],
-                              p["compute_seconds"]), {})[p["link"]] = p
-    for (workload, engine, label, seconds), by_link in keyed.items():
-        source = "measured, this CPU" if label == "cpu" else "A100, assumed"
+        keyed.setdefault((p["workload"], p["engine"], p["compute"],
+                          p["compute_seconds"], p["devices"]), {})[p["link"]] = p
+    for (workload, engine, label, seconds, n), by_link in keyed.items():
+        source = "this CPU" if label == "cpu" else "A100, assumed"
+        step_ms = 1e3 * (by_link["pcie4"]["compute_seconds"]
+                         + by_link["pcie4"]["comm_seconds"])
         lines.append(
             f"| {workload} | {engine} | {seconds * 1e3:.1f} ms ({source}) | "
-            + " | ".join(f"{by_link[k]['speedup']:.2f}x" for k in LINK_NAMES)
+            f"{n} | {by_link['pcie4']['speedup']:.2f}x ({step_ms:.1f} ms) | "
+            + " | ".join(f"{by_link[k]['speedup']:.2f}x"
+                         for k in LINK_NAMES[1:])
             + " |")
     return "\n".join(lines) + "\n"
 
@@ -257,6 +294,8 @@ def main(argv=None):
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--devices", default=",".join(map(str, DEVICE_COUNTS)))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--from-json", metavar="RESULTS_JSON",
+                        help="rewrite the tables and plot from saved counts")
     parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "DEVICES"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -272,6 +311,10 @@ def main(argv=None):
     workloads = ["demo"] if args.quick else args.workloads.split(",")
     counts = [2] if args.quick else [int(n) for n in args.devices.split(",")]
     rows = []
+    if args.from_json:
+        with open(args.from_json) as handle:
+            rows = json.load(handle)["counts"]
+        workloads = []
     for workload in workloads:
         for n in counts:
             started = time.perf_counter()
@@ -284,6 +327,10 @@ def main(argv=None):
                 sys.stderr.write(done.stderr[-3000:])
                 raise SystemExit(f"worker {workload} on {n} devices failed")
             rows += json.loads(done.stdout.strip().splitlines()[-1])
+            os.makedirs(args.output, exist_ok=True)
+            with open(os.path.join(args.output, "counts.partial.json"),
+                      "w") as handle:
+                json.dump({"counts": rows}, handle)
             print(f"{workload} on {n} devices: "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
     preds = predictions(rows)
