@@ -137,6 +137,44 @@ def _scaled(row):
             by_kind)
 
 
+def extrapolate(row, n):
+    """A 2-device count carried to `n` devices by the counted structure.
+
+    For workloads too slow to count on more devices here. The structure is
+    the one `tests/python/test_communication.py` checks exactly on 2 and 4
+    devices: the replicate engine's host sends each other replica what it
+    sent the one at 2 devices (weights, input rows, output gradients) and
+    receives from each what it received (outputs, gradients); the
+    mirrored engine all-reduces the same buffer `C` (`2 (n-1)/n x C` per
+    device) and, under `train_on_batch`, sends every replica the whole
+    batch (n replicas' rows).
+
+    Returns:
+        A row like a counted one, with `"extrapolated_from": 2`.
+    """
+    from multigpu import communication
+
+    if row["devices"] != 2 or row["engine"] not in ("replicate", "mirrored"):
+        raise ValueError(f"cannot extrapolate {row['engine']} from "
+                         f"{row['devices']} devices")
+    others = [f"/device:CPU:{i}" for i in range(1, n)]
+    host_sent, host_received = row["by_device"][HOST]
+    if row["engine"] == "replicate":
+        by_device = {HOST: [(n - 1) * host_sent, (n - 1) * host_received]}
+        by_device.update({d: [host_received, host_sent] for d in others})
+        by_kind = {k: (n - 1) * v for k, v in row["by_kind"].items()}
+    else:
+        buffer = row["by_kind"]["all-reduce"] / 2  # ring(C, 2) = C per device
+        ring = communication.ring_allreduce_bytes(buffer, n)
+        batch = row["by_kind"]["activations"] * n / 2  # whole batch, n replicas
+        by_device = {HOST: [(n - 1) * batch + ring, ring]}
+        by_device.update({d: [ring, batch + ring] for d in others})
+        by_kind = dict(row["by_kind"], activations=(n - 1) * batch,
+                       **{"all-reduce": n * ring})
+    return dict(row, devices=n, by_device=by_device, by_kind=by_kind,
+                extrapolated_from=2)
+
+
 def _as_fit(row, traffic):
     """The mirrored engine's traffic with `fit`'s input split.
 
@@ -226,8 +264,9 @@ def markdown(rows, preds):
         busiest = scaling.busiest_bytes(traffic)
         bound = communication.ring_allreduce_bytes(row["gradient_bytes"],
                                                    row["devices"])
+        mark = " (extrapolated)" if row.get("extrapolated_from") else ""
         lines.append(
-            f"| {row['workload']} | {row['engine']} | {row['devices']} | "
+            f"| {row['workload']} | {row['engine']} | {row['devices']}{mark} | "
             + " | ".join(_mib(by_kind[k]) for k in communication.KINDS)
             + f" | {_mib(busiest)} | {_mib(bound)} |")
     lines += ["", "### Predicted speed-up (per-replica batch 32; step time on "
@@ -303,6 +342,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--from-json", metavar="RESULTS_JSON",
                         help="rewrite the tables and plot from saved counts")
+    parser.add_argument("--extrapolate", default="",
+                        help="workloads whose 2-device counts are carried "
+                        "to the --devices counts missing from --from-json")
     parser.add_argument("--worker", nargs=2, metavar=("WORKLOAD", "DEVICES"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -340,6 +382,14 @@ def main(argv=None):
                 json.dump({"counts": rows}, handle)
             print(f"{workload} on {n} devices: "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
+    for workload in filter(None, args.extrapolate.split(",")):
+        have = {(r["engine"], r["devices"]) for r in rows
+                if r["workload"] == workload}
+        for base in [r for r in rows if r["workload"] == workload
+                     and r["devices"] == 2 and r["engine"] != "model_parallel"]:
+            for n in [int(d) for d in args.devices.split(",")]:
+                if (base["engine"], n) not in have:
+                    rows.append(extrapolate(base, n))
     preds = predictions(rows)
     os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "results.json"), "w") as handle:
