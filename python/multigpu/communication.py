@@ -101,6 +101,22 @@ def _trace_bytes(summary):
     return count * size
 
 
+# Key of a recorded op's last-dimension bytes (see `_Graph.size`).
+CHANNELS = "channels"
+
+
+def _channel_bytes(summary):
+    """Bytes of one slice along the last axis: its channels' size."""
+    rank = int(summary[2])
+    if not 1 <= rank <= 6:
+        return None
+    try:
+        size = tf.as_dtype(int(summary[1])).size
+    except (TypeError, ValueError):
+        return None
+    return int(summary[3 + rank]) * size
+
+
 def recorded_tensor_sizes(run):
     """Runs `run()` with TensorFlow's debugger recording every tensor's shape.
 
@@ -112,7 +128,8 @@ def recorded_tensor_sizes(run):
 
     Returns:
         A dict `{(op name, output slot): [bytes, ...]}`, one entry per
-        execution of that op (several for ops in loops).
+        execution of that op (several for ops in loops), and under
+        `(op name, CHANNELS)` the bytes of its first output's last axis.
     """
     from tensorflow.python.debug.lib import (  # noqa: PLC0415
         debug_events_reader,
@@ -135,6 +152,9 @@ def recorded_tensor_sizes(run):
                 sizes[(trace.op_name, trace.output_slot)].append(
                     _trace_bytes(summary)
                 )
+                if trace.output_slot == 0:
+                    sizes[(trace.op_name, CHANNELS)].append(
+                        _channel_bytes(summary))
         return dict(sizes)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
@@ -227,6 +247,12 @@ class _Graph:
             nbytes = _recorded_size(name, slot, sizes_by_op)
             if nbytes is None and node is not None and node.op == "_Arg":
                 nbytes = _arg_size(node)
+            if (nbytes is None and node is not None and slot == 1
+                    and node.op.endswith("WithBias")):
+                # Grappler fused a bias gradient into the filter gradient's
+                # op (oneDNN's _MklNativeConv2DBackpropFilterWithBias): its
+                # second output has one value per output channel.
+                nbytes = _recorded_size(name, CHANNELS, sizes_by_op)
             if nbytes is not None:
                 return nbytes
         return None
