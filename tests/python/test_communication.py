@@ -143,3 +143,22 @@ def test_ring_allreduce_bytes():
     assert communication.ring_allreduce_bytes(1000, 1) == 0
     assert communication.ring_allreduce_bytes(1000, 2) == 1000
     assert communication.ring_allreduce_bytes(1000, 8) == 1750
+
+
+def test_convolution_gradients_are_sized_with_their_fused_bias():
+    # oneDNN's Grappler pass fuses a convolution's bias gradient into its
+    # filter gradient's op; both still go back to the weights' device.
+    inputs = keras.Input((6, 6, 2))
+    hidden = keras.layers.Conv2D(3, 3, name="conv")(inputs)
+    outputs = keras.layers.Dense(2, name="out")(keras.layers.Flatten()(hidden))
+    parallel = multigpu.multi_gpu_model(keras.Model(inputs, outputs),
+                                        gpus=DEVICES[:2])
+    parallel.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 6, 6, 2)).astype("float32")
+    y = rng.standard_normal((4, 2)).astype("float32")
+    transfers = multigpu.placement.step_traffic(parallel, x, y)
+    weights = sum(w.nbytes for w in parallel.template.get_weights())
+    assert all(t.bytes is not None for t in transfers)
+    by_kind = communication.bytes_by_kind(transfers)
+    assert by_kind["weights"] == by_kind["gradients"] == weights
