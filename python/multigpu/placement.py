@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
+from multigpu import communication
 from multigpu import devices as devices_lib
 
 # Nodes that move data, route it through lowered control flow, or mark
@@ -25,11 +26,54 @@ PLUMBING_OPS = frozenset({
     "Switch", "Merge", "Identity",
 })
 
+# Where a step's inputs come from: Keras hands batches over on the host.
+HOST_DEVICE = "/device:CPU:0"
+
 ExecutedNode = collections.namedtuple("ExecutedNode", ["device", "op", "name"])
 
 
 def _short_device(name):
     return "/device:" + name.rsplit("/device:", 1)[-1]
+
+
+def executed_node_defs(fn, *args, **kwargs):
+    """Runs `fn(*args, **kwargs)`; the NodeDefs of every executed partition.
+
+    The partition graphs TensorFlow ran (one per device and function),
+    with every attribute: `_Send`/`_Recv` nodes carry their devices and the
+    tensor they move. Same caveat as `executed_nodes`.
+
+    Args:
+        fn: A callable that runs one or more TensorFlow functions.
+        *args: Positional arguments for `fn`.
+        **kwargs: Keyword arguments for `fn`.
+
+    Returns:
+        A tuple `(result, nodes)`: what `fn` returned, and a list of
+        `(device, NodeDef)` pairs, devices shortened to `"/device:TYPE:N"`.
+
+    Example:
+    >>> _, nodes = executed_node_defs(model.predict_on_batch, x)
+    >>> sorted({node.op for _, node in nodes if "Send" in node.op})
+    ['_Send']
+    """
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        # Drop graphs recorded earlier (functions instantiated since the last
+        # export), so only this call's graphs are returned.
+        ctx.export_run_metadata()
+        result = fn(*args, **kwargs)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    nodes = [
+        (_short_device(node.device), node)
+        for function_graph in metadata.function_graphs
+        for partition in function_graph.partition_graphs
+        for node in partition.node
+    ]
+    return result, nodes
 
 
 def executed_nodes(fn, *args, **kwargs):
@@ -57,22 +101,9 @@ def executed_nodes(fn, *args, **kwargs):
     >>> {n.device for n in nodes if "/stage1/" in n.name}
     {'/device:CPU:1'}
     """
-    ctx = context.context()
-    ctx.enable_run_metadata()
-    try:
-        # Drop graphs recorded earlier (functions instantiated since the last
-        # export), so only this call's graphs are returned.
-        ctx.export_run_metadata()
-        result = fn(*args, **kwargs)
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_run_metadata()
-    nodes = [
-        ExecutedNode(_short_device(node.device), node.op, node.name)
-        for function_graph in metadata.function_graphs
-        for partition in function_graph.partition_graphs
-        for node in partition.node
-    ]
+    result, node_defs = executed_node_defs(fn, *args, **kwargs)
+    nodes = [ExecutedNode(device, node.op, node.name)
+             for device, node in node_defs]
     return result, nodes
 
 
@@ -176,11 +207,21 @@ def _state_variables(model):
     state = list(model.variables) + list(getattr(model, "metrics_variables", []))
     if optimizer is not None:
         state += list(optimizer.variables)
+    # The template of a mirrored-engine model, which its steps copy into.
+    template = getattr(model, "template", None)
+    if template is not None:
+        state += list(template.variables)
     return list({id(v): v for v in state}.values())
 
 
 def _step_runner(model, x, y):
-    """A function running one step on (x, y), and its kind."""
+    """A function running one step on (x, y), and its kind.
+
+    A training step is `train_on_batch`. Under a `tf.distribute` strategy
+    (a strategy-built model, the mirrored engine) Keras 3 hands every
+    replica the whole batch there, where `fit` gives each replica its rows;
+    the report shows what `train_on_batch` moved.
+    """
     if y is None:
         return (lambda: model.predict_on_batch(x)), "predict", "predict_function"
     if getattr(model, "optimizer", None) is None:
@@ -251,6 +292,30 @@ def _trace_op_times(run):
         with open(paths[0], "rb") as handle:
             space.ParseFromString(handle.read())
     return _times_from_space(space), None
+
+
+def op_seconds(run):
+    """Kernel seconds per executed node of `run()`, from the profiler's trace.
+
+    Args:
+        run: A callable running TensorFlow functions (one or more steps).
+
+    Returns:
+        A dict `{node name: seconds}` summed over every execution in the
+        trace (host ops; GPU kernels are under `("@device", plane)` keys of
+        the raw trace and not included), or None when the profiler could
+        not trace.
+
+    Example:
+    >>> seconds = op_seconds(lambda: model.train_on_batch(x, y))
+    >>> sum(seconds.values())
+    0.0021...
+    """
+    times, _ = _trace_op_times(run)
+    if times is None:
+        return None
+    return {key: value for (kind, key), value in times.items()
+            if kind == "@node"}
 
 
 def _times_from_space(space):
@@ -325,23 +390,90 @@ def _report_devices(observed):
 
 
 def _observe_step(model, x, y):
-    """Ops per device of one step, time per device, notes."""
+    """One step observed: its partition graphs, tensor sizes, op times.
+
+    Three fresh step functions would be one too many: the sizes come from
+    an instrumented function (the debugger adds ops), which is dropped;
+    the partition graphs and the profile come from one clean function.
+    """
     run, kind, attribute = _step_runner(model, x, y)
     with _Restored(model):
         previous = _fresh_function(model, attribute)
         try:
-            _, nodes = executed_nodes(run)
+            sizes = communication.recorded_tensor_sizes(run)
+            _fresh_function(model, attribute)
+            _, node_defs = executed_node_defs(run)
             run()  # warm-up outside run metadata, for the timed step
+            nodes = [ExecutedNode(device, node.op, node.name)
+                     for device, node in node_defs]
             times, time_note = _trace_op_times(run)
         finally:
             setattr(model, attribute, previous)
-    if not nodes:
+    if not node_defs:
         raise RuntimeError(
             "TensorFlow exported no executed graph for this step: is the "
             "model running eagerly (run_eagerly=True)? Placement is observed "
             "on compiled steps only."
         )
-    return kind, nodes, times, time_note
+    return kind, node_defs, nodes, sizes, times, time_note
+
+
+def _model_transfers(model, node_defs, sizes, variables):
+    """The step's transfers, classified with the model's weights."""
+    optimizer = getattr(model, "optimizer", None)
+    return communication.step_transfers(
+        node_defs, sizes,
+        gradient_sizes={_nbytes(v) for v in model.trainable_weights},
+        weight_devices=[d for d, (count, _) in variables.items() if count],
+        optimizer_scopes=[optimizer.name] if optimizer is not None else [],
+        host=HOST_DEVICE,
+    )
+
+
+def step_traffic(model, x, y=None):
+    """The transfers of one step, without the rest of the report.
+
+    Runs the step twice (sized, observed) on fresh step functions and
+    restores the model's state, like `placement_report`, without profiling.
+
+    Args:
+        model: A Keras model (compiled when `y` is given).
+        x: Inputs of one batch.
+        y: Targets of that batch for a training step, or None for a
+            prediction step.
+
+    Returns:
+        A list of `multigpu.communication.Transfer`.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as `placement_report`.
+
+    Example:
+    >>> transfers = step_traffic(parallel, x[:64], y[:64])
+    >>> communication.bytes_by_kind(transfers)["weights"]
+    3276800
+    """
+    _check_report_args(model, x, y, True)
+    if x is None:
+        raise ValueError(
+            "Invalid `x`: received None; a step needs one batch of inputs.")
+    run, _, attribute = _step_runner(model, x, y)
+    with _Restored(model):
+        previous = _fresh_function(model, attribute)
+        try:
+            sizes = communication.recorded_tensor_sizes(run)
+            _fresh_function(model, attribute)
+            _, node_defs = executed_node_defs(run)
+        finally:
+            setattr(model, attribute, previous)
+    return _model_transfers(model, node_defs, sizes,
+                            variables_by_device(model))
+
+
+def gradient_bytes(model):
+    """Bytes of one copy of a model's trainable weights (and gradients)."""
+    seen = {id(w): w for w in model.trainable_weights}
+    return sum(_nbytes(w) for w in seen.values())
 
 
 def _format_bytes(n):
@@ -352,40 +484,108 @@ def _format_bytes(n):
     return f"{n:.1f} GiB"
 
 
+def _text_table(header, rows, left=1):
+    """Rows of strings as aligned text: the first `left` columns left."""
+    lines = [tuple(header)] + [tuple(r) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    text = [
+        "  ".join(
+            cell.ljust(w) if i < left else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(line, widths))
+        )
+        for line in lines
+    ]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return text
+
+
 class PlacementReport(list):
     """The rows of `placement_report` (a list of dicts), with its notes.
 
     Attributes:
         notes: Sentences explaining the columns and what was observed.
+        transfers: The step's `multigpu.communication.Transfer`s (tensors
+            that crossed from one device to another), or None without a
+            batch.
+        gradient_bytes: Bytes of the model's trainable weights (one copy).
+        replicas: Devices that ran ops in the step (the `n` of the bound).
+        ring_bound_bytes: Bytes each of `replicas` devices sends in a ring
+            all-reduce of `gradient_bytes`: `2 (n - 1) / n x gradient_bytes`.
     """
 
-    def __init__(self, rows, notes):
+    def __init__(self, rows, notes, transfers=None, gradient_bytes=0,
+                 replicas=1):
         super().__init__(rows)
         self.notes = list(notes)
+        self.transfers = transfers
+        self.gradient_bytes = gradient_bytes
+        self.replicas = replicas
+        self.ring_bound_bytes = communication.ring_allreduce_bytes(
+            gradient_bytes, replicas)
+
+    def transfer_rows(self):
+        """Bytes per pair of devices and kind of traffic, one dict per pair.
+
+        Returns:
+            A list of dicts with keys `source`, `destination`, one key per
+            kind of `multigpu.communication.KINDS` (bytes) and `total`.
+        """
+        pairs = {}
+        for (source, destination, kind), nbytes in sorted(
+                communication.bytes_by_pair(self.transfers or []).items()):
+            row = pairs.setdefault((source, destination), dict(
+                {"source": source, "destination": destination},
+                **dict.fromkeys(communication.KINDS, 0)))
+            row[kind] += nbytes
+        for row in pairs.values():
+            row["total"] = sum(row[k] for k in communication.KINDS)
+        return list(pairs.values())
 
     def table(self):
-        """The report as the text table `placement_report` prints."""
-        header = ("device", "variables", "variable bytes", "ops", "time share")
-        lines = [header]
-        for row in self:
-            lines.append((
-                row["device"],
-                str(row["variables"]),
-                _format_bytes(row["variable_bytes"]),
-                "-" if row["ops"] is None else str(row["ops"]),
-                "-" if row["time_share"] is None
-                else f"{100 * row['time_share']:.1f}%",
-            ))
-        widths = [max(len(line[i]) for line in lines) for i in range(5)]
-        text = [
-            "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(line, widths))
-            )
-            for line in lines
-        ]
-        text.insert(1, "  ".join("-" * w for w in widths))
+        """The report as the text tables `placement_report` prints."""
+        def show(value, formatter):
+            return "-" if value is None else formatter(value)
+
+        text = _text_table(
+            ("device", "variables", "variable bytes", "ops", "time share",
+             "sent", "received"),
+            [(row["device"], str(row["variables"]),
+              _format_bytes(row["variable_bytes"]),
+              show(row["ops"], str),
+              show(row["time_share"], lambda v: f"{100 * v:.1f}%"),
+              show(row["sent_bytes"], _format_bytes),
+              show(row["received_bytes"], _format_bytes))
+             for row in self],
+        )
+        if self.transfers is not None:
+            pairs = self.transfer_rows()
+            text.append("")
+            if pairs:
+                kinds = [k for k in communication.KINDS
+                         if any(p[k] for p in pairs)]
+                text += _text_table(
+                    ["from", "to"] + kinds + ["total"],
+                    [[p["source"], p["destination"]]
+                     + [_format_bytes(p[k]) for k in kinds]
+                     + [_format_bytes(p["total"])] for p in pairs],
+                    left=2,
+                )
+            else:
+                text.append("no tensor crossed a device boundary")
+            text.append(self.bound_line())
         return "\n".join(text + [f"* {note}" for note in self.notes])
+
+    def bound_line(self):
+        """One sentence: the busiest device's traffic against the bound."""
+        busiest = max(
+            (max(r["sent_bytes"] or 0, r["received_bytes"] or 0)
+             for r in self), default=0)
+        return (
+            f"busiest device moves {_format_bytes(busiest)} per step; ring "
+            f"all-reduce bound for {_format_bytes(self.gradient_bytes)} of "
+            f"gradients on {self.replicas} device(s): 2(n-1)/n x gradients "
+            f"= {_format_bytes(self.ring_bound_bytes)} per device"
+        )
 
     def __str__(self):
         return self.table()
@@ -417,14 +617,17 @@ def placement_report(model, x=None, y=None, print_table=True):
     Answers "am I using all my devices?" in one call, from what TensorFlow
     did rather than what was asked for: weights are read from the
     variables' devices, ops from the partition graphs TensorFlow executed
-    (run metadata), time from the TensorFlow profiler's trace. Works for any
+    (run metadata), time from the TensorFlow profiler's trace, and the
+    bytes that crossed from device to device from the `_Send`/`_Recv`
+    pairs and collective ops of those graphs (see
+    `multigpu.communication`). Works for any
     model: one returned by `multi_gpu_model` or `model_parallel`, one built
     under a `tf.distribute` strategy (mirrored weights count once per
     device), or a plain model.
 
     With `x` (and `y`), one step runs on that batch: a prediction step, or a
     training step when `y` is given (the model must be compiled). The step
-    runs three times (observed, warm-up, profiled); weights, optimizer and
+    runs four times (sized, observed, warm-up, profiled); weights, optimizer and
     metric state are restored afterwards, so the model is left unchanged.
 
     Args:
@@ -439,7 +642,13 @@ def placement_report(model, x=None, y=None, print_table=True):
         the machine, so idle ones show), keys `device`, `variables` (count),
         `variable_bytes`, `ops` (ops executed in the step, without transfer
         and function-boundary nodes) and `time_share` (share of the step's
-        kernel time, or None when unknown); its `.notes` say what was
+        kernel time, or None when unknown), `sent_bytes` and
+        `received_bytes` (bytes the device sent to and received from other
+        devices in the step, None without a batch). `.transfer_rows()`
+        gives the bytes per pair of devices and kind (weights,
+        activations, activation gradients, gradients, all-reduce),
+        `.ring_bound_bytes` the ring all-reduce bound for the model's
+        gradients on the devices that ran ops, and `.notes` say what was
         measured.
 
     Raises:
@@ -450,22 +659,29 @@ def placement_report(model, x=None, y=None, print_table=True):
 
     Example:
     >>> report = multigpu.placement_report(parallel, x[:64], y[:64])
-    device         variables  variable bytes  ops  time share
-    /device:CPU:0          4        1.3 KiB    38       31.0%
+    device         variables  variable bytes  ops  time share     sent  received
+    /device:CPU:0          4        1.3 KiB    38       31.0%  1.1 KiB   1.0 KiB
     ...
     >>> [row["device"] for row in report if not row["ops"]]   # idle devices
     []
     """
     _check_report_args(model, x, y, print_table)
     variables = variables_by_device(model)
-    nodes, times, notes = None, None, []
+    nodes, times, transfers, notes = None, None, None, []
     if x is None:
         notes.append("no batch given (x=None): weights only; pass x (and y) "
                      "to observe a prediction (training) step")
     else:
-        kind, nodes, times, time_note = _observe_step(model, x, y)
+        kind, node_defs, nodes, sizes, times, time_note = _observe_step(
+            model, x, y)
+        transfers = _model_transfers(model, node_defs, sizes, variables)
         notes.append(f"ops: executed in one {kind} step (run metadata), "
                      "transfers and function boundaries excluded")
+        if kind == "train" and model.distribute_strategy.num_replicas_in_sync > 1:
+            notes.append(
+                "train_on_batch under a tf.distribute strategy hands every "
+                "replica the whole batch (Keras 3); fit sends each replica "
+                "its rows only")
     devices = _report_devices(
         set(variables) | {n.device for n in nodes or []}
     )
@@ -480,6 +696,7 @@ def placement_report(model, x=None, y=None, print_table=True):
     ops = collections.Counter(
         n.device for n in nodes or [] if n.op not in PLUMBING_OPS
     )
+    moved = communication.bytes_by_device(transfers or [])
     rows = [
         {
             "device": device,
@@ -487,6 +704,10 @@ def placement_report(model, x=None, y=None, print_table=True):
             "variable_bytes": variables.get(device, (0, 0))[1],
             "ops": None if nodes is None else ops.get(device, 0),
             "time_share": None if shares is None else shares[device],
+            "sent_bytes": None if transfers is None
+            else moved.get(device, (0, 0))[0],
+            "received_bytes": None if transfers is None
+            else moved.get(device, (0, 0))[1],
         }
         for device in devices
     ]
@@ -497,7 +718,16 @@ def placement_report(model, x=None, y=None, print_table=True):
             f"{len(busy)} of {len(rows)} devices ran ops"
             + (f"; idle: {', '.join(idle)}" if idle else "")
         )
-    report = PlacementReport(rows, notes)
+        notes.append(communication.environment_note())
+        unknown = sum(1 for t in transfers if t.bytes is None)
+        if unknown:
+            notes.append(f"{unknown} transfer(s) of unknown size counted as "
+                         "0 bytes (tensors the debugger did not record)")
+    report = PlacementReport(
+        rows, notes, transfers=transfers,
+        gradient_bytes=gradient_bytes(model),
+        replicas=max(1, sum(1 for r in rows if r["ops"])),
+    )
     if print_table:
         print(report.table())
     return report

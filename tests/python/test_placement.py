@@ -10,7 +10,8 @@ from conftest import DEVICES
 from models import data, mlp
 from multigpu.placement import executed_nodes, variables_by_device
 
-KEYS = {"device", "variables", "variable_bytes", "ops", "time_share"}
+KEYS = {"device", "variables", "variable_bytes", "ops", "time_share",
+        "sent_bytes", "received_bytes"}
 
 
 def chain(widths=(16, 16, 16), input_dim=8, name="chain"):
@@ -90,7 +91,8 @@ def test_strategy_built_model_counts_each_mirrored_copy(rng):
     for device in DEVICES[2:]:
         assert row(report, device) == {
             "device": device, "variables": 0, "variable_bytes": 0, "ops": 0,
-            "time_share": row(report, device)["time_share"]}
+            "time_share": row(report, device)["time_share"],
+            "sent_bytes": 0, "received_bytes": 0}
         assert row(report, device)["time_share"] in (None, 0.0)
 
 
@@ -100,7 +102,8 @@ def test_without_a_batch_only_weights_are_reported():
     assert [r["ops"] for r in report] == [None] * len(DEVICES)
     assert [r["variables"] for r in report] == [4, 2, 0, 0]
     assert "no batch given" in report.notes[0]
-    assert report.table().splitlines()[2].split()[-2:] == ["-", "-"]
+    assert report.table().splitlines()[2].split()[-4:] == ["-"] * 4
+    assert report.transfers is None
 
 
 def test_variables_by_device_reads_the_variables():

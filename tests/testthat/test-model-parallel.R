@@ -85,30 +85,3 @@ test_that("model_parallel() errors name the argument and the fix", {
   expect_error(model_parallel("model"), "`model` must be a Keras model",
                class = "multigpu_type_error")
 })
-
-test_that("placement_report() returns a data frame of devices and prints a table", {
-  skip_if_no_multigpu()
-  partitioned <- model_parallel(chain_model(), devices = 2, split = "transform")
-  compile(partitioned, loss = "sparse_categorical_crossentropy", optimizer = "adam")
-  before <- partitioned$template$get_weights()
-  expect_output(
-    report <- placement_report(partitioned, iris_x(1:16), iris_y(1:16)),
-    "device +variables +variable bytes +ops +time share"
-  )
-  expect_s3_class(report, "data.frame")
-  expect_named(report, c("device", "variables", "variable_bytes", "ops", "time_share"))
-  expect_identical(report$device, sprintf("/device:CPU:%d", 0:3))
-  expect_identical(report$variables, c(2L, 4L, 0L, 0L))
-  expect_identical(report$variable_bytes, c(4 * (4 * 8 + 8), 4 * (8 * 8 + 8 + 8 * 3 + 3), 0, 0))
-  expect_true(all(report$ops[1:2] > 0))
-  expect_identical(report$ops[3:4], c(0L, 0L))
-  expect_equal(sum(report$time_share), 1, tolerance = 1e-6)
-  expect_match(attr(report, "notes"), "2 of 4 devices ran ops", all = FALSE)
-  expect_equal(partitioned$template$get_weights(), before)
-
-  weights_only <- placement_report(partitioned, print_table = FALSE)
-  expect_true(all(is.na(weights_only$ops)) && all(is.na(weights_only$time_share)))
-  expect_error(placement_report(chain_model(), iris_x(1:4), iris_y(1:4), print_table = FALSE),
-               "not compiled", class = "multigpu_value_error")
-  expect_error(placement_report(partitioned, print_table = NA), "`print_table` must be TRUE or FALSE")
-})
