@@ -37,6 +37,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.backend.common import global_state
 
+from multigpu import cluster as cluster_lib
 from multigpu import data as data_lib
 from multigpu.messages import api
 from multigpu.messages import literal
@@ -72,32 +73,6 @@ def _remove_stale_temporaries(directory):
             pass
 
 
-def is_chief():
-    """Whether this process writes the checkpoints of its cluster.
-
-    TensorFlow's rule for multi-worker training: the task of type "chief",
-    or worker 0 of a cluster without a chief, writes; every other worker
-    reads the same directory but writes nothing. Without `TF_CONFIG` the
-    process is alone and writes.
-
-    Returns:
-        True or False.
-    """
-    raw = os.environ.get("TF_CONFIG", "")
-    if not raw.strip():
-        return True
-    try:
-        config = json.loads(raw)
-        task = config.get("task", {})
-        kind, index = task.get("type", "worker"), int(task.get("index", 0))
-        has_chief = bool(config.get("cluster", {}).get("chief"))
-    except (ValueError, AttributeError, TypeError):
-        return True
-    if kind == "chief":
-        return True
-    return kind == "worker" and index == 0 and not has_chief
-
-
 def writes_checkpoints(model):
     """Whether this process writes checkpoints while training `model`.
 
@@ -107,7 +82,7 @@ def writes_checkpoints(model):
     strategy = getattr(model, "distribute_strategy", None)
     should = getattr(getattr(strategy, "extended", None),
                      "should_checkpoint", True)
-    return bool(should) and is_chief()
+    return bool(should) and cluster_lib.is_chief()
 
 
 def _check_save_freq(save_freq):
@@ -632,7 +607,7 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
     save_freq = _check_save_freq(save_freq)
     max_to_keep = _check_max_to_keep(max_to_keep)
     _check_writable(directory)
-    if is_chief():
+    if cluster_lib.is_chief():
         _remove_stale_temporaries(directory)
     name = "ckpt-{epoch}.keras" if save_freq == "epoch" else (
         "ckpt-{epoch}-{batch}.keras"

@@ -159,6 +159,43 @@ def tf_config():
     return config
 
 
+def is_chief():
+    """Whether this process writes the checkpoints of its cluster.
+
+    TensorFlow's rule for multi-worker training: the task of type "chief",
+    or worker 0 of a cluster without a chief, writes; every other worker
+    reads the same directory but writes nothing. The task comes from
+    `TF_CONFIG`, else from a Slurm job step of more than one task (task 0,
+    `SLURM_PROCID`, is the chief, as in `slurm_cluster_resolver`). A process
+    alone, or with a `TF_CONFIG` it cannot read, writes.
+
+    Returns:
+        True or False.
+
+    Example:
+    >>> is_chief()   # task 1 of `srun -n2 python train.py`
+    False
+    """
+    raw = os.environ.get(TF_CONFIG, "")
+    if raw.strip():
+        try:
+            config = json.loads(raw)
+            task = config.get("task", {})
+            kind, index = task.get("type", "worker"), int(task.get("index", 0))
+            has_chief = bool(config.get("cluster", {}).get("chief"))
+        except (ValueError, AttributeError, TypeError):
+            return True
+        if kind == "chief":
+            return True
+        return kind == "worker" and index == 0 and not has_chief
+    try:
+        if _slurm_step_tasks() > 1:
+            return _int_variable("SLURM_PROCID", 0) == 0
+    except ClusterError:
+        return True
+    return True
+
+
 def slurm_port_base(job_id, step_id):
     """The first port of a Slurm job step's tasks on each node.
 

@@ -209,3 +209,25 @@ def test_an_embedding_programs_environment_is_taken_over(environment):
     assert "SLURM_PROCID" not in os.environ  # gone from the embedding program
     assert os.environ["HOME_OF_TEST"] == "kept"  # not a cluster variable
     assert "OTHER" not in os.environ
+
+
+@pytest.mark.parametrize("variables, chief", [
+    ({}, True),
+    (SLURM_STEP, False),
+    ({**SLURM_STEP, "SLURM_PROCID": "0"}, True),
+    # A job with several tasks run without srun is one worker: it writes.
+    ({"SLURM_NTASKS": "2", "SLURM_PROCID": "1"}, True),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]},
+                               "task": {"type": "worker", "index": 1}})},
+     False),
+    ({"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"], "chief": ["c:3"]},
+                               "task": {"type": "worker", "index": 0}})},
+     False),
+    ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:3"]},
+                               "task": {"type": "chief", "index": 0}})},
+     True),
+])
+def test_is_chief_follows_tf_config_then_the_slurm_step(environment, variables,
+                                                        chief):
+    environment(variables)
+    assert cluster.is_chief() is chief
