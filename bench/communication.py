@@ -374,7 +374,7 @@ def main(argv=None):
         # ResNet-50 in stages adds nothing the dense workloads do not show
         # and costs minutes per step here.
         # model_parallel needs a layer per stage (the demo has 6).
-        engines = (ENGINES[:2] if workload == "resnet50" or n > 4
+        engines = (ENGINES[:2] if workload.startswith("resnet50") or n > 4
                    else ENGINES)
         print(json.dumps(worker(workload, n, engines, args.repeats)))
         return 0
