@@ -331,7 +331,8 @@ def plot(rows, preds, path):
     left.bar([x - 0.2 for x in xs], busiest, 0.4, label="busiest device")
     left.bar([x + 0.2 for x in xs], bound, 0.4, label="ring all-reduce bound")
     left.set_yscale("log")
-    left.set_xticks(list(xs), labels, fontsize=7)
+    left.set_xticks(list(xs), [label.replace("\n", " ") for label in labels],
+                    fontsize=7, rotation=35, ha="right")
     left.set_ylabel("MiB per step (8 devices)")
     left.legend()
     chosen = [p for p in preds if p["devices"] == 8 and (
@@ -346,7 +347,9 @@ def plot(rows, preds, path):
                   width, label=scaling.LINKS[link].name)
     right.axhline(8, color="grey", linestyle=":", linewidth=1)
     right.set_xticks(range(len(combos)),
-                     [f"{w}\n{e}" for w, e in combos], fontsize=7)
+                     [f"{w} {e.replace(', fit' + chr(39) + 's input split', ' (fit)')}"
+                      for w, e in combos],
+                     fontsize=7, rotation=35, ha="right")
     right.set_ylabel("predicted speed-up, 8 devices")
     right.legend(fontsize=7)
     fig.tight_layout()
@@ -374,7 +377,7 @@ def main(argv=None):
         # ResNet-50 in stages adds nothing the dense workloads do not show
         # and costs minutes per step here.
         # model_parallel needs a layer per stage (the demo has 6).
-        engines = (ENGINES[:2] if workload == "resnet50" or n > 4
+        engines = (ENGINES[:2] if workload.startswith("resnet50") or n > 4
                    else ENGINES)
         print(json.dumps(worker(workload, n, engines, args.repeats)))
         return 0
