@@ -76,13 +76,23 @@ def _loadable_loss(name):
 
 
 def _loadable_metric(name):
+    """A metric string as the metric object `compile` makes of it.
+
+    Keras's loader turns `"mae"` into a metric named `mean_absolute_error`;
+    the object keeps the name `compile` gave it (so `history` and
+    `evaluate` keep their keys).
+    """
     if name in _KEPT_METRICS:
         return name
     try:
-        keras.metrics.deserialize(name)
-        return name
+        metric = keras.metrics.deserialize(name)
     except (ValueError, TypeError):
-        return _canonical(keras.metrics.get(name))
+        metric = keras.metrics.get(name)
+    if not isinstance(metric, keras.metrics.Metric):
+        return _canonical(metric)
+    config = metric.get_config()
+    config["name"] = name
+    return {"class_name": type(metric).__name__, "config": config}
 
 
 def _map_strings(config, fn):
@@ -98,10 +108,11 @@ def _map_strings(config, fn):
 def loadable_training_config(config):
     """A legacy training configuration with canonical loss/metric names.
 
-    String aliases that Keras's legacy loader cannot deserialise (`"mse"`,
-    `"mae"` as losses, ...) become the name of the function they stand for
-    (`"mean_squared_error"`) or its serialised class; names it can read are
-    kept.
+    Loss aliases that Keras's legacy loader cannot deserialise (`"mse"`,
+    `"mae"`, ...) become the name of the function they stand for
+    (`"mean_squared_error"`); metric strings become the metric object that
+    `compile` makes of them, with the same name (`"mae"` stays the name of
+    the metric, which Keras's loader would rename `mean_absolute_error`).
 
     Args:
         config: The decoded `training_config` attribute of an `.h5` file.
