@@ -51,6 +51,7 @@ CI_CASES = {
     "mixed_float16": ("model_parallel_2", 4),
 }
 EXAMPLES = settings(max_examples=5, deadline=None, derandomize=True,
+                    database=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 
