@@ -121,6 +121,12 @@ def forward_only_when_empty(forward, inference_fn):
 
     def guarded(*inputs):
         rows = tf.shape(inputs[0])[0]
+        if inputs[0].shape[0] == 0:
+            # Known to be empty (a replica's share of a batch with fewer
+            # rows than replicas): tracing `forward` on a static batch of 0
+            # would also trip Keras 3.15's `ops.add`, which takes a
+            # (0, n) tensor for a bias and emits an invalid BiasAdd.
+            return on_no_rows(rows, *inputs)
         return tf.cond(
             rows > 0,
             lambda: forward(*inputs),

@@ -207,3 +207,15 @@ def test_train_on_batch_with_adam_and_an_embedding_equals_the_template(rng):
     assert max_weight_difference(template, reference) < 1e-5
     assert parallel.train_on_batch(x, y, return_dict=True).keys() == {
         "loss", "mae"}
+
+
+def test_a_replica_with_a_static_share_of_zero_rows_adds_tensors(rng):
+    # 9 rows on 4 replicas: tf.distribute gives 3/3/3/0, and the last
+    # replica's static (0, n) shapes made Keras's Add emit an invalid BiasAdd.
+    from models import zoo_batch, zoo_residual
+
+    template = zoo_residual()
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    x, y = zoo_batch(template, rng, 9)
+    np.testing.assert_allclose(parallel.predict_on_batch(x),
+                               template.predict_on_batch(x), atol=1e-6)
