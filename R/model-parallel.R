@@ -38,8 +38,9 @@
 #' `load_model_weights_hdf5()` given the returned model act on the template,
 #' and the file is a plain Keras model that loads on any machine.
 #'
-#' @param model A Keras model (Sequential or functional, built with an
-#'   input layer).
+#' @param model A Keras model (Sequential or functional, built: with an
+#'   input layer or called once on a batch). Subclassed models have no graph
+#'   of layers to cut; use [multi_gpu_model()] for them.
 #' @param devices `NULL` for every GPU (without GPUs, every logical CPU
 #'   device; with `split` given, one device per stage of `split`), one
 #'   number >= 2 for that many devices, two or more GPU ids, or device

@@ -39,9 +39,10 @@
 #' `cpu_relocation = TRUE` the template is a CPU copy of `model`: save the
 #' returned model (or `parallel_model$template`), not `model`.
 #'
-#' @param model A Keras model (Sequential or functional, built with an
-#'   input layer), the "template". To keep its weights in host memory, build
-#'   it under `with(tf$device("/cpu:0"), { ... })`.
+#' @param model A Keras model, the "template": Sequential, functional, or
+#'   subclassed, built (with an input layer, or called once on a batch). To
+#'   keep its weights in host memory, build it under
+#'   `with(tf$device("/cpu:0"), { ... })`.
 #' @param gpus `NULL` to use all available GPUs (default); one number >= 2
 #'   for that many devices; a vector of two or more GPU ids; or device
 #'   names. See "How `gpus` is read".

@@ -2,7 +2,9 @@
 #'
 #' `save_model_hdf5()` writes a model (architecture, weights and, when
 #' compiled, the optimizer) to a legacy Keras HDF5 file; `load_model_hdf5()`
-#' reads one back. `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
+#' reads one back. Files written by `save_model_hdf5()` load compiled with
+#' Keras's own `keras$models$load_model()` too, whatever loss and metric
+#' aliases (`"mse"`, `"mae"`) `compile()` was given. `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' write and read the weights alone (Keras 3 requires the name to end in
 #' `.weights.h5`).
 #'
@@ -47,8 +49,8 @@ save_model_hdf5 <- function(object, filepath, overwrite = TRUE,
                             include_optimizer = TRUE) {
   check_model(object)
   filepath <- as_hdf5_path(filepath, c(".h5", ".hdf5"), overwrite)
-  with_python(object$save(filepath, overwrite = TRUE,
-                          include_optimizer = as_flag(include_optimizer)))
+  call_core("save_model", object, filepath, overwrite = TRUE,
+            include_optimizer = as_flag(include_optimizer))
   invisible(object)
 }
 

@@ -16,6 +16,7 @@ from multigpu.replicas import DataParallel
 from multigpu.replicas import ParallelModel
 from multigpu.replicas import multi_gpu_model
 from multigpu.saving import load_model
+from multigpu.saving import save_model
 from multigpu.strategy import mirrored_strategy
 from multigpu.strategy import multi_worker_strategy
 from multigpu.strategy import StrategyUsageError

@@ -23,6 +23,7 @@ is the winner on this project's benchmark machine (see `multi_gpu_model`).
 import keras
 import tensorflow as tf
 
+from multigpu import saving
 from multigpu import strategy as strategy_lib
 
 ENGINES = ("replicate", "mirrored")
@@ -112,6 +113,23 @@ def _check_same_weights(template, replica):
         )
 
 
+def _named_like(graph, names):
+    """`graph`'s outputs, named `names` (the template's, made unique).
+
+    A shared sub-model's output used twice names two outputs alike; the
+    repeat goes through an `Identity` layer with a unique name (see
+    `replicas.unique_names`), so loss and metric dicts can address it. So
+    does the output of a copied subclassed model, named after the copy.
+    """
+    flat = keras.tree.flatten(graph.output)
+    renamed = [
+        t if t._keras_history.operation.name == name
+        else keras.layers.Identity(name=name)(t)
+        for t, name in zip(flat, names)
+    ]
+    return keras.tree.pack_sequence_as(graph.output, renamed)
+
+
 @keras.saving.register_keras_serializable(package="multigpu")
 class MirroredModel(keras.Model):
     """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
@@ -125,6 +143,8 @@ class MirroredModel(keras.Model):
     """
 
     def __init__(self, template, devices, **kwargs):
+        from multigpu import replicas  # noqa: PLC0415 - imports this module
+
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
         with strategy.scope():
@@ -139,9 +159,10 @@ class MirroredModel(keras.Model):
             _check_same_weights(template, replica)
             replica.set_weights(template.get_weights())
             kwargs.setdefault("name", f"{template.name}_mirrored")
-            graph = getattr(replica, "_functional", None) or replica
-            super().__init__(inputs=graph.input, outputs=graph.output,
-                             **kwargs)
+            graph = replicas.callable_graph(replica)
+            names = replicas.output_names(replicas.callable_graph(template))
+            super().__init__(inputs=graph.input,
+                             outputs=_named_like(graph, names), **kwargs)
         self._template_ref = _Ref(template)
         self._device_names = tuple(devices)
 
@@ -179,10 +200,31 @@ class MirroredModel(keras.Model):
         An optimizer instance made outside the scope is re-created inside it
         from its config (it must not have been used yet).
         """
+        from multigpu import replicas  # noqa: PLC0415 - imports this module
+
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             super().compile(optimizer, *args, jit_compile=jit_compile,
                             **kwargs)
+        # The template is compiled alike, with an optimizer of its own that
+        # `save` fills with this one's state: saved files load compiled.
+        self.template.compile(**replicas.template_compile_arguments(
+            self.template, self.output_names,
+            keras.optimizers.deserialize(
+                keras.optimizers.serialize(self.optimizer)),
+            args, kwargs))
+
+    def _copy_optimizer_state(self):
+        """Copies the optimizer's (trained) state to the template's."""
+        source = getattr(self, "optimizer", None)
+        target = getattr(self.template, "optimizer", None)
+        if source is None or target is None or not source.built:
+            return
+        if not target.built:
+            target.build(self.template.trainable_variables)
+        if len(target.variables) == len(source.variables):
+            for t, v in zip(target.variables, source.variables):
+                t.assign(keras.ops.convert_to_numpy(v))
 
     def _optimizer_in_scope(self, optimizer):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -223,20 +265,49 @@ class MirroredModel(keras.Model):
         self.copy_from_template()
         return super().predict(*args, **kwargs)
 
-    def train_on_batch(self, *args, **kwargs):
+    def train_on_batch(self, x, y=None, sample_weight=None,
+                       class_weight=None, return_dict=False):
+        """One step on one batch, split between the replicas.
+
+        Keras's `train_on_batch` gives every replica the whole batch under
+        a strategy. The gradients of an Embedding (IndexedSlices) then reach
+        Adam's update as several copies, and one Adam step differed from
+        the template's by 1e-2. The batch goes through `fit` as one batch
+        instead, split as in any other step.
+        """
         self.copy_from_template()
+        rows = int(keras.tree.flatten(x)[0].shape[0])
         try:
-            return super().train_on_batch(*args, **kwargs)
+            if rows == 0:
+                return super().train_on_batch(
+                    x, y, sample_weight=sample_weight,
+                    class_weight=class_weight, return_dict=return_dict)
+            history = super().fit(
+                x, y, batch_size=rows, epochs=1, shuffle=False, verbose=0,
+                sample_weight=sample_weight, class_weight=class_weight)
         finally:
             self.copy_to_template()
+        logs = {k: float(v[-1]) for k, v in history.history.items()}
+        if return_dict:
+            return logs
+        return self._flatten_metrics_in_order(logs)
 
     def test_on_batch(self, *args, **kwargs):
         self.copy_from_template()
         return super().test_on_batch(*args, **kwargs)
 
-    def predict_on_batch(self, *args, **kwargs):
+    def predict_on_batch(self, x):
+        """Predictions for one batch, split between the replicas.
+
+        Keras's `predict_on_batch` gives every replica the whole batch under
+        a strategy and concatenates their outputs (`replicas` times the
+        rows); `predict` with the batch as its only batch splits it.
+        """
         self.copy_from_template()
-        return super().predict_on_batch(*args, **kwargs)
+        rows = int(keras.tree.flatten(x)[0].shape[0])
+        if rows == 0:
+            return super().predict_on_batch(x)
+        return super().predict(x, batch_size=rows, verbose=0)
 
     def set_weights(self, weights):
         """Sets the template's weights, and so the replicas'."""
@@ -246,7 +317,9 @@ class MirroredModel(keras.Model):
     def save(self, filepath, overwrite=True, **kwargs):
         """Saves `template` (architecture and trained weights)."""
         self.copy_to_template()
-        return self.template.save(filepath, overwrite=overwrite, **kwargs)
+        self._copy_optimizer_state()
+        return saving.save_model(self.template, filepath, overwrite=overwrite,
+                                 **kwargs)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Saves `template`'s weights, loadable by `template.load_weights`."""

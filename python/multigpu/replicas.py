@@ -16,6 +16,9 @@ import tensorflow as tf
 from multigpu import devices as devices_lib
 from multigpu import gradients as gradients_lib
 from multigpu import mirrored
+from multigpu import saving
+from multigpu.messages import api
+from multigpu.messages import literal
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -70,8 +73,14 @@ def _differentiable_on(device, forward, flat_inputs):
                     if dy is not None and not _is_zeros(dy)]
             if not used:
                 return [None] * len(xs), [None] * len(variables)
+            # Each input is a separate source: with one input computed
+            # from another (a stem feeding this stage both directly and
+            # through an earlier stage), `tf.gradients` would otherwise also
+            # differentiate through that earlier stage, whose own gradient
+            # function counts the same path again.
             grads = tf.gradients([y for y, _ in used], sources,
-                                 grad_ys=[dy for _, dy in used])
+                                 grad_ys=[dy for _, dy in used],
+                                 stop_gradients=list(xs))
             return grads[: len(xs)], grads[len(xs):]
 
         return ys, grad
@@ -113,6 +122,12 @@ def forward_only_when_empty(forward, inference_fn):
 
     def guarded(*inputs):
         rows = tf.shape(inputs[0])[0]
+        if inputs[0].shape[0] == 0:
+            # Known to be empty (a replica's share of a batch with fewer
+            # rows than replicas): tracing `forward` on a static batch of 0
+            # would also trip Keras 3.15's `ops.add`, which takes a
+            # (0, n) tensor for a bias and emits an invalid BiasAdd.
+            return on_no_rows(rows, *inputs)
         return tf.cond(
             rows > 0,
             lambda: forward(*inputs),
@@ -202,7 +217,7 @@ class DataParallel(TemplateLayer):
         self.template = template
         self.devices = list(devices)
         self.merge_device = merge_device
-        self._output_struct = symbolic_graph(template).output
+        self._output_struct = callable_graph(template).output
         # (devices, guard) used by the next traced call; see `planned`.
         self._plan = None
 
@@ -293,15 +308,123 @@ def _layer_name(tensor):
     return tensor._keras_history.operation.name
 
 
+def unique_names(names):
+    """The names with repeats made unique, as Keras 2 named its outputs.
+
+    The first use of a name keeps it; a repeat gets the first free
+    `name_1`, `name_2`, ... (a siamese model's outputs `["add", "nested",
+    "nested"]` become `["add", "nested", "nested_1"]`).
+
+    Example:
+    >>> unique_names(["add", "nested", "nested"])
+    ['add', 'nested', 'nested_1']
+    """
+    taken = set(names)
+    seen, result = set(), []
+    for name in names:
+        unique, count = name, 0
+        while unique in seen or (unique != name and unique in taken):
+            count += 1
+            unique = f"{name}_{count}"
+        seen.add(unique)
+        taken.add(unique)
+        result.append(unique)
+    return result
+
+
+def output_names(graph):
+    """Unique names of `graph`'s outputs (see `unique_names`)."""
+    return unique_names(
+        [_layer_name(t) for t in keras.tree.flatten(graph.output)])
+
+
 def _named_like(graph, outputs):
-    """Gives each output its template output's name (so loss dicts work)."""
+    """Gives each output its template output's name (so loss dicts work).
+
+    Outputs that share a layer name (a shared sub-model's output used
+    twice) are named apart, since a Keras model's output names are unique
+    keys of its loss and metric dicts.
+    """
     input_names = {_layer_name(t) for t in keras.tree.flatten(graph.input)}
-    output_names = [_layer_name(t) for t in keras.tree.flatten(graph.output)]
+    original = [_layer_name(t) for t in keras.tree.flatten(graph.output)]
     flat = [
-        o if name in input_names else keras.layers.Identity(name=name)(o)
-        for o, name in zip(keras.tree.flatten(outputs), output_names)
+        o if name == first and name in input_names
+        else keras.layers.Identity(name=name)(o)
+        for o, name, first in zip(keras.tree.flatten(outputs),
+                                  unique_names(original), original)
     ]
     return keras.tree.pack_sequence_as(graph.output, flat)
+
+
+def _is_shape(value):
+    return isinstance(value, (list, tuple)) and all(
+        d is None or isinstance(d, int) for d in value)
+
+
+def _inputs_for_shapes(shapes):
+    """Symbolic inputs, any batch size, for a structure of built shapes."""
+    if _is_shape(shapes):
+        return keras.Input(shape=tuple(shapes[1:]))
+    if isinstance(shapes, dict):
+        return {k: keras.Input(shape=tuple(v[1:]), name=k)
+                for k, v in shapes.items()}
+    return [_inputs_for_shapes(s) for s in shapes]
+
+
+def _unbuilt_error(model, kind):
+    return ValueError(
+        f"Invalid `model`: {kind} {literal(model.name)} has not been built, "
+        "so the shapes of its inputs are unknown and no replica can be "
+        "built. Call it once on a batch of your data first "
+        "(`model(x[:1])`), call `model.build(input_shape)`, or start it with "
+        "keras.Input(shape=...)."
+    )
+
+
+def callable_graph(model):
+    """A functional graph that computes `model`, for wrapping it in another.
+
+    Sequential and functional models are their own graph. A subclassed
+    model, whose `call` is Python code, is wrapped: one functional model
+    that calls it on symbolic inputs made from the shapes it was built with
+    (any batch size). So is a Sequential model built by a call on a batch
+    (without `keras.Input`), whose graph has that batch's size. The wrapper
+    shares the model's weights.
+
+    Args:
+        model: A built `keras.Model`.
+
+    Returns:
+        An object with the `input`, `output`, `inputs` and `outputs` of a
+        functional model.
+
+    Raises:
+        TypeError: if `model` is not a `keras.Model`.
+        ValueError: if `model` was never built (called or `build()`), so its
+            input shapes are unknown.
+
+    Example:
+    >>> model = MySubclassedModel(); model(x[:1])
+    >>> callable_graph(model).output_names
+    """
+    sequential = isinstance(model, keras.Sequential)
+    try:
+        graph = symbolic_graph(model)
+    except ValueError:
+        if sequential or not model.built:
+            kind = "Sequential model" if sequential else "subclassed model"
+            raise _unbuilt_error(model, kind) from None
+    else:
+        # A Sequential model built by a call on a batch fixed that batch's
+        # size; called as a whole, it takes any batch size.
+        if not (sequential and any(
+                t.shape[0] is not None for t in keras.tree.flatten(graph.input))):
+            return graph
+    shapes = (model.get_build_config() or {}).get("input_shape")
+    if shapes is None:
+        raise _unbuilt_error(model, "subclassed model")
+    inputs = _inputs_for_shapes(shapes)
+    return keras.Model(inputs, model(inputs), name=model.name)
 
 
 def symbolic_graph(model):
@@ -322,11 +445,53 @@ def symbolic_graph(model):
         graph.input, graph.output
     except (AttributeError, ValueError):
         raise ValueError(
-            f"Invalid `model`: {model.name!r} has no symbolic inputs. Build "
-            "it with keras.Input(...) (Sequential: start with "
-            "keras.Input(shape=...)); subclassed models are not supported."
+            f"Invalid `model`: {literal(model.name)} has no symbolic "
+            "inputs: it is a subclassed model, whose call() is code rather "
+            "than a graph of layers, or a Sequential model that was never "
+            "built. Build it with keras.Input(...) (Sequential: start with "
+            "keras.Input(shape=...)) or as a functional model; "
+            f"{api('multi_gpu_model')} also takes built subclassed models."
         ) from None
     return graph
+
+
+def _by_position(value, names):
+    """A dict keyed by output names as a list in output order; else as is."""
+    if isinstance(value, dict) and set(value) <= set(names):
+        return [value.get(name) for name in names]
+    return value
+
+
+def template_compile_arguments(template, names, optimizer, args, kwargs):
+    """The `compile` arguments of a wrapping model, for its template.
+
+    Args:
+        template: The template model.
+        names: The wrapping model's (unique) output names.
+        optimizer: The optimizer the template gets.
+        args: Positional arguments of `compile` after `optimizer`.
+        kwargs: Keyword arguments of `compile` (without `optimizer`).
+
+    Returns:
+        A dict of keyword arguments for `template.compile`. Where the
+        template's outputs share names that the wrapper's have apart,
+        dicts keyed by output name become lists in output order.
+
+    Example:
+    >>> template.compile(**template_compile_arguments(
+    ...     template, parallel.output_names, parallel.optimizer, (), kwargs))
+    """
+    arguments = inspect.signature(keras.Model.compile).bind(
+        template, optimizer, *args, **kwargs).arguments
+    arguments.pop("self")
+    arguments.update(arguments.pop("kwargs", {}))
+    own = [_layer_name(t)
+           for t in keras.tree.flatten(callable_graph(template).output)]
+    if list(names) != own:
+        for key in ("loss", "loss_weights", "metrics", "weighted_metrics"):
+            if key in arguments:
+                arguments[key] = _by_position(arguments[key], names)
+    return arguments
 
 
 class TemplateBacked:
@@ -360,12 +525,20 @@ class TemplateBacked:
         arguments = inspect.signature(keras.Model.compile).bind(
             self.template, *args, **kwargs).arguments
         arguments.pop("self")
-        arguments["optimizer"] = self.optimizer
+        arguments.pop("optimizer", None)
+        arguments.update(arguments.pop("kwargs", {}))
+        arguments = template_compile_arguments(
+            self.template, self.output_names, self.optimizer, (), arguments)
         self.template.compile(**arguments)
 
     def save(self, filepath, overwrite=True, **kwargs):
-        """Saves `template` (architecture and the shared trained weights)."""
-        return self.template.save(filepath, overwrite=overwrite, **kwargs)
+        """Saves `template` (architecture and the shared trained weights).
+
+        `.h5` files load compiled with stock `keras.models.load_model`
+        (see `multigpu.saving.save_model`).
+        """
+        return saving.save_model(self.template, filepath, overwrite=overwrite,
+                                 **kwargs)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Saves `template`'s weights, loadable by `template.load_weights`."""
@@ -392,7 +565,7 @@ class ParallelModel(TemplateBacked, keras.Model):
     parallelism = "data parallelism"
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
-        graph = symbolic_graph(template)
+        graph = callable_graph(template)
         inputs = keras.tree.map_structure(_input_like, graph.input)
         replicas = DataParallel(template, devices, merge_device, name="replicas")
         outputs = _named_like(graph, replicas(inputs))
@@ -516,7 +689,9 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     that use batch statistics, such as BatchNormalization, see sub-batches).
 
     Args:
-        model: A built Keras model (Sequential or functional), the template.
+        model: A built Keras model, the template: Sequential, functional,
+            or subclassed (built: called once on a batch, or `build()`;
+            its replicas take inputs of the shapes it was built with).
         gpus: `None` for every GPU (every logical CPU device on a machine
             without GPU; the single device on a one-device machine, with a
             warning), an int >= 2, a list of >= 2 GPU ids, or a list of >= 2
@@ -548,7 +723,7 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
     >>> parallel.save("model.keras")                    # writes the template
     """
-    symbolic_graph(model)
+    callable_graph(model)
     _check_flag("cpu_merge", cpu_merge)
     _check_flag("cpu_relocation", cpu_relocation)
     mirrored.check_engine(engine, cpu_merge)

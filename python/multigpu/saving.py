@@ -1,13 +1,17 @@
-"""Loading saved models, with Keras 3.15's legacy-HDF5 loss-alias bug fixed.
+"""Saving and loading models, around Keras 3.15's legacy-HDF5 alias bug.
 
 Keras 3.15 saves `compile(loss="mse")` into a legacy `.h5` file and then
 refuses to load it compiled ("Could not deserialize 'keras.metrics.mse'
 because it is not a KerasSaveable subclass"): the string alias resolves to a
 function, which its safe deserialiser rejects. The R package's
 `save_model_hdf5()` / `load_model_hdf5()` pair (seed 000's way of saving)
-meets this with the most common loss, so loading goes through here.
+meets this with the most common loss. `save_model` writes `.h5` files whose
+training configuration names every loss and metric canonically, so stock
+`keras.models.load_model` loads them compiled; `load_model` also reads files
+written by Keras itself.
 """
 
+import inspect
 import json
 
 import h5py
@@ -49,6 +53,118 @@ def _compile_from_hdf5(model, filepath):
             model.optimizer.set_weights(
                 legacy_h5_format.load_optimizer_weights_from_hdf5_group(h5))
     return model
+
+
+# Metric strings that Keras's legacy loader keeps as strings for `compile`.
+_KEPT_METRICS = ("accuracy", "acc", "crossentropy", "ce")
+
+
+def _canonical(obj):
+    """A built-in loss/metric as its loadable name or serialised object."""
+    if inspect.isfunction(obj):
+        return obj.__name__
+    return keras.saving.serialize_keras_object(obj)
+
+
+def _loadable_loss(name):
+    try:
+        if callable(keras.losses.deserialize(name)):
+            return name
+    except (ValueError, TypeError):
+        pass
+    return _canonical(keras.losses.get(name))
+
+
+def _loadable_metric(name):
+    """A metric string as the metric object `compile` makes of it.
+
+    Keras's loader turns `"mae"` into a metric named `mean_absolute_error`;
+    the object keeps the name `compile` gave it (so `history` and
+    `evaluate` keep their keys).
+    """
+    if name in _KEPT_METRICS:
+        return name
+    try:
+        metric = keras.metrics.deserialize(name)
+    except (ValueError, TypeError):
+        metric = keras.metrics.get(name)
+    if not isinstance(metric, keras.metrics.Metric):
+        return _canonical(metric)
+    config = metric.get_config()
+    config["name"] = name
+    return {"class_name": type(metric).__name__, "config": config}
+
+
+def _map_strings(config, fn):
+    if isinstance(config, str):
+        return fn(config)
+    if isinstance(config, dict) and "class_name" not in config:
+        return {k: _map_strings(v, fn) for k, v in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [_map_strings(v, fn) for v in config]
+    return config
+
+
+def loadable_training_config(config):
+    """A legacy training configuration with canonical loss/metric names.
+
+    Loss aliases that Keras's legacy loader cannot deserialise (`"mse"`,
+    `"mae"`, ...) become the name of the function they stand for
+    (`"mean_squared_error"`); metric strings become the metric object that
+    `compile` makes of them, with the same name (`"mae"` stays the name of
+    the metric, which Keras's loader would rename `mean_absolute_error`).
+
+    Args:
+        config: The decoded `training_config` attribute of an `.h5` file.
+
+    Returns:
+        A new dict; the compiled model it describes is the same.
+
+    Example:
+    >>> loadable_training_config({"loss": "mse", "metrics": ["mae"]})["loss"]
+    'mean_squared_error'
+    """
+    config = dict(config)
+    if config.get("loss") is not None:
+        config["loss"] = _map_strings(config["loss"], _loadable_loss)
+    for key in ("metrics", "weighted_metrics"):
+        if config.get(key) is not None:
+            config[key] = _map_strings(config[key], _loadable_metric)
+    return config
+
+
+def save_model(model, filepath, overwrite=True, **kwargs):
+    """Saves `model` like `model.save`, in files stock Keras loads compiled.
+
+    A compiled model saved to a legacy `.h5` file gets a training
+    configuration that names its losses and metrics canonically (see
+    `loadable_training_config`), so `keras.models.load_model` restores it
+    compiled, with its optimizer state, whatever aliases `compile` used.
+    Other formats are written by Keras unchanged.
+
+    Args:
+        model: A Keras model (a parallel model saves its template).
+        filepath: A `.keras` or `.h5`/`.hdf5` path.
+        overwrite: Whether to replace an existing file.
+        **kwargs: Passed on to `model.save` (e.g. `include_optimizer`).
+
+    Returns:
+        None.
+
+    Example:
+    >>> model.compile(optimizer="adam", loss="mse")
+    >>> multigpu.save_model(model, "m.h5")
+    >>> keras.models.load_model("m.h5").optimizer.iterations
+    """
+    model.save(filepath, overwrite=overwrite, **kwargs)
+    if not _is_hdf5(filepath):
+        return
+    with h5py.File(filepath, "r+") as h5:
+        if "training_config" not in h5.attrs:
+            return
+        config = json.loads(h5.attrs["training_config"])
+        h5.attrs["training_config"] = json.dumps(
+            loadable_training_config(config)).encode("utf-8")
 
 
 def load_model(filepath, custom_objects=None, compile=True, **kwargs):

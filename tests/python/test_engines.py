@@ -173,3 +173,49 @@ def test_replicas_left_with_zero_rows_of_a_pooled_cnn(rng):
     np.testing.assert_allclose(parallel.predict(x, batch_size=8, verbose=0),
                                reference.predict(x, batch_size=8, verbose=0),
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [0, 2, 7])
+def test_predict_on_batch_splits_the_batch_once(rng, rows):
+    # Keras's predict_on_batch under a strategy runs the whole batch on
+    # every replica and concatenates: 3 replicas gave 21 rows for 7.
+    template, parallel, _ = _pair(gpus=3)
+    x, _ = data(rng, rows)
+    got = parallel.predict_on_batch(x)
+    assert got.shape == (rows, 3)
+    if rows:
+        np.testing.assert_allclose(got, template.predict_on_batch(x),
+                                   atol=1e-6)
+
+
+def test_train_on_batch_with_adam_and_an_embedding_equals_the_template(rng):
+    # Keras's train_on_batch gave every replica the whole batch; Adam then
+    # saw the Embedding's sparse gradient several times (1.3e-2 off).
+    from models import zoo_batch, zoo_embedding_lstm
+
+    template = zoo_embedding_lstm()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=3, engine="mirrored")
+    parallel.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                     metrics=["mae"])
+    reference.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                      metrics=["mae"])
+    x, y = zoo_batch(template, rng, 7)
+    got = parallel.train_on_batch(x, y)
+    want = reference.train_on_batch(x, y)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert max_weight_difference(template, reference) < 1e-5
+    assert parallel.train_on_batch(x, y, return_dict=True).keys() == {
+        "loss", "mae"}
+
+
+def test_a_replica_with_a_static_share_of_zero_rows_adds_tensors(rng):
+    # 9 rows on 4 replicas: tf.distribute gives 3/3/3/0, and the last
+    # replica's static (0, n) shapes made Keras's Add emit an invalid BiasAdd.
+    from models import zoo_batch, zoo_residual
+
+    template = zoo_residual()
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    x, y = zoo_batch(template, rng, 9)
+    np.testing.assert_allclose(parallel.predict_on_batch(x),
+                               template.predict_on_batch(x), atol=1e-6)

@@ -350,3 +350,68 @@ def test_saved_partitioned_model_keeps_compile_and_optimizer_state(rng, tmp_path
     partitioned.save(tmp_path / "partitioned.keras")
     loaded = keras.models.load_model(tmp_path / "partitioned.keras")
     assert loaded.compiled and int(loaded.optimizer.iterations) == 4
+
+
+def stem_and_branches():
+    """A stem feeding two branches, merged, then a head (issue 14)."""
+    inputs = keras.Input((6,), name="features")
+    stem = keras.layers.Dense(8, activation="tanh", name="stem")(inputs)
+    left = keras.layers.Dense(8, activation="tanh", name="left1")(stem)
+    left = keras.layers.Dense(8, activation="tanh", name="left2")(left)
+    right = keras.layers.Dense(8, activation="tanh", name="right1")(stem)
+    right = keras.layers.Dense(8, activation="tanh", name="right2")(right)
+    merged = keras.layers.Concatenate(name="cat")([left, right])
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(merged),
+                       name="stem_and_branches")
+
+
+@pytest.mark.parametrize("split, microbatches", [
+    (["left1", "right1"], 1),                 # stem | left1 | the rest
+    (["left1", "right1", "cat"], 2),          # 4 stages
+    ([["stem"], ["left1", "left2"], ["right1", "right2", "cat", "head"]], 1),
+    ([["stem"], ["left1", "left2"], ["right1", "right2", "cat", "head"]], 3),
+])
+def test_gradients_meeting_at_a_stage_boundary_are_summed_once(
+        rng, split, microbatches):
+    # The last stage reads the stem's output both directly and through
+    # left2 of an earlier stage: the stem's gradient is the sum of both
+    # branches, each counted once.
+    model = stem_and_branches()
+    reference = copy_of(model)
+    partitioned = multigpu.model_parallel(model, split=split,
+                                          microbatches=microbatches)
+    x = rng.standard_normal((12, 6)).astype("float32")
+    y = rng.standard_normal((12, 2)).astype("float32")
+    sgd_step(partitioned, x, y)
+    sgd_step(reference, x, y)
+    assert_same_weights(partitioned.template, reference)
+
+
+def test_outputs_with_a_shared_name_are_named_apart():
+    from models import zoo_siamese
+
+    partitioned = multigpu.model_parallel(zoo_siamese(), devices=2)
+    assert partitioned.output_names == ["add", "nested", "nested_1"]
+
+
+def test_subclassed_models_are_refused_with_the_reason():
+    from models import zoo_subclassed
+
+    with pytest.raises(ValueError, match=(
+            r"'zoo_subclassed' has no symbolic inputs: it is a subclassed "
+            r"model, whose call\(\) is code rather than a graph of layers.*"
+            r"multigpu.multi_gpu_model\(\) also takes")):
+        multigpu.model_parallel(zoo_subclassed(), devices=2)
+
+
+def test_sequential_built_by_a_call_is_cut_into_stages(rng):
+    model = keras.Sequential([keras.layers.Dense(5, name="a"),
+                              keras.layers.Dense(3, name="b")])
+    x, y = data(rng, 6)
+    model(x)  # fixes a batch size of 6 in its graph
+    reference = copy_of(model)
+    partitioned = multigpu.model_parallel(model, devices=2)
+    assert partitioned.stages == [["a"], ["b"]]
+    sgd_step(partitioned, x, y)
+    sgd_step(reference, x, y)
+    assert_same_weights(partitioned.template, reference)

@@ -309,7 +309,10 @@ class Subclassed(keras.Model):
 @pytest.mark.parametrize("model, error, message", [
     ("not a model", TypeError, "received an object of type str"),
     (keras.layers.Dense(2), TypeError, "type Dense; expected a keras.Model"),
-    (Subclassed(), ValueError, "has no symbolic inputs"),
+    (Subclassed(), ValueError,
+     r"subclassed model '\w+' has not been built.*model\(x\[:1\]\)"),
+    (keras.Sequential([keras.layers.Dense(2)]), ValueError,
+     r"Sequential model '\w+' has not been built"),
 ])
 def test_invalid_models_are_refused(model, error, message):
     with pytest.raises(error, match=message):
@@ -380,3 +383,78 @@ def test_direct_calls_survive_sub_batches_of_zero_rows(rng):
 
     for got, want in zip(gradients(parallel), gradients(template)):
         np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
+# --- every model shape ------------------------------------------------------
+
+
+def _siamese_data(rng, rows):
+    x = [rng.standard_normal((rows, 3)).astype("float32") for _ in range(2)]
+    y = [rng.standard_normal((rows, 1)).astype("float32") for _ in range(3)]
+    return x, y
+
+
+@pytest.mark.parametrize("engine, loss", [
+    ("replicate", "mse"),
+    ("replicate", ["mse", "mae", "mse"]),
+    ("replicate", {"add": "mse", "nested": "mae", "nested_1": "mse"}),
+    ("mirrored", {"add": "mse", "nested": "mae", "nested_1": "mse"}),
+])
+def test_outputs_sharing_a_layer_name_are_named_apart(rng, engine, loss):
+    # tf.keras's test_multi_gpu_with_siamese_network: the shared sub-model's
+    # output is two of the outputs, both named "nested" by Keras 3.
+    from models import zoo_siamese
+
+    template = zoo_siamese()
+    assert template.output_names == ["add", "nested", "nested"]
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine=engine)
+    assert parallel.output_names == ["add", "nested", "nested_1"]
+    x, y = _siamese_data(rng, 9)
+    for got, want in zip(parallel.predict(x, verbose=0),
+                         reference.predict(x, verbose=0)):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    parallel.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+    as_list = ([loss[k] for k in parallel.output_names]
+               if isinstance(loss, dict) else loss)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=as_list)
+    parallel.train_on_batch(x, {n: t for n, t in zip(parallel.output_names, y)}
+                            if isinstance(loss, dict) else y)
+    reference.train_on_batch(x, y)
+    assert max_weight_difference(template, reference) < TOLERANCE
+
+
+def test_unique_names_keep_first_uses_and_skip_taken_names():
+    from multigpu.replicas import unique_names
+
+    assert unique_names(["add", "nested", "nested"]) == [
+        "add", "nested", "nested_1"]
+    assert unique_names(["a", "a", "a_1", "a"]) == ["a", "a_2", "a_1", "a_3"]
+
+
+@pytest.mark.parametrize("engine", ["replicate", "mirrored"])
+def test_subclassed_models_train_like_the_template(rng, engine):
+    from models import zoo_subclassed
+
+    template = zoo_subclassed()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    x, y = data(rng, 10, input_dim=4, outputs=2)
+    np.testing.assert_allclose(parallel.predict(x, batch_size=5, verbose=0),
+                               reference.predict(x, verbose=0),
+                               atol=TOLERANCE)
+    parallel.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    reference.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    parallel.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=5, epochs=2, shuffle=False, verbose=0)
+    assert max_weight_difference(template, reference) < TOLERANCE
+
+
+def test_sequential_built_by_a_call_takes_any_batch_size(rng):
+    model = keras.Sequential([keras.layers.Dense(5), keras.layers.Dense(3)])
+    x, _ = data(rng, 7)
+    model(x)  # builds it, fixing a batch size of 7 in its graph
+    parallel = multigpu.multi_gpu_model(model, gpus=2)
+    np.testing.assert_allclose(parallel.predict(x[:5], verbose=0),
+                               model.predict(x[:5], verbose=0),
+                               atol=TOLERANCE)

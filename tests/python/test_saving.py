@@ -156,3 +156,67 @@ def test_hdf5_with_loss_aliases_loads_compiled_with_optimizer_state(
     np.testing.assert_allclose(loaded.evaluate(x, y, verbose=0),
                                parallel.evaluate(x, y, verbose=0), atol=1e-6)
     assert multigpu.load_model(path, compile=False).compiled is False
+
+
+def _engine_model(engine, template):
+    if engine == "model_parallel":
+        return multigpu.model_parallel(template, devices=2)
+    return multigpu.multi_gpu_model(template, gpus=2, engine=engine)
+
+
+@pytest.mark.parametrize("engine, loss, metrics", [
+    ("replicate", "mse", ["mae"]),
+    ("mirrored", "mae", ["mse", "accuracy"]),
+    ("model_parallel", {"scores": "msle"}, {"scores": ["mape"]})])
+def test_hdf5_files_load_compiled_with_stock_keras(rng, tmp_path, engine,
+                                                   loss, metrics):
+    # Keras 3.15 writes the aliases and cannot read them back; the package
+    # writes names Keras's own loader reads.
+    parallel = _engine_model(engine, mlp())
+    parallel.compile(optimizer="adam", loss=loss, metrics=metrics)
+    x, y = data(rng, 16)
+    parallel.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    path = tmp_path / "model.h5"
+    parallel.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.compiled
+    assert int(loaded.optimizer.iterations) == 2
+    template = parallel.template
+    for saved, live in zip(loaded.optimizer.variables,
+                           template.optimizer.variables):
+        np.testing.assert_allclose(saved.numpy(), np.asarray(live),
+                                   atol=1e-7)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=1e-6)
+    got = loaded.evaluate(x, y, verbose=0, return_dict=True)
+    want = template.evaluate(x, y, verbose=0, return_dict=True)
+    assert got.keys() == want.keys()
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-6)
+
+
+def test_save_model_writes_plain_models_stock_keras_loads(rng, tmp_path):
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae", "msle"])
+    model.fit(*data(rng, 8), epochs=1, verbose=0)
+    multigpu.save_model(model, tmp_path / "plain.h5")
+    loaded = keras.models.load_model(tmp_path / "plain.h5")
+    assert loaded.compiled and int(loaded.optimizer.iterations) == 1
+    multigpu.save_model(model, tmp_path / "plain.keras")
+    assert keras.models.load_model(tmp_path / "plain.keras").compiled
+
+
+def test_loadable_training_config_names_aliases_canonically():
+    from multigpu.saving import loadable_training_config
+
+    config = loadable_training_config({
+        "loss": {"a": "mse", "b": "mean_absolute_error"},
+        "metrics": [["mae", "accuracy"], ["acc"]],
+        "weighted_metrics": None, "loss_weights": None,
+    })
+    assert config["loss"] == {"a": "mean_squared_error",
+                              "b": "mean_absolute_error"}
+    assert config["metrics"][0][0]["class_name"] == "MeanAbsoluteError"
+    assert config["metrics"][0][0]["config"]["name"] == "mae"
+    assert config["metrics"][0][1:] == ["accuracy"]
+    assert config["metrics"][1] == ["acc"]

@@ -45,6 +45,7 @@ DEVICE_KEYS = {"gpus", "cpu_merge", "cpu_relocation", "engine"}
 STEP_KEYS = {
     "build": {"in_strategy"},
     "multi_gpu_model": DEVICE_KEYS | {"on"},
+    "model_parallel": {"devices", "split", "microbatches"},
     "mirrored_strategy": {"devices"},
     "compile": {"optimizer", "loss", "metrics"},
     "fit": {"epochs", "batch_size", "validation_split", "dataset",
@@ -63,10 +64,13 @@ STEP_KEYS = {
 EXPECT_KEYS = {
     "build": {"params"},
     "multi_gpu_model": {"model_class", "devices", "merge_device",
-                        "template_is_model", "weights_kept", "split"},
+                        "template_is_model", "weights_kept", "split",
+                        "output_names"},
+    "model_parallel": {"model_class", "stages", "output_names"},
     "mirrored_strategy": {"replicas"},
     "compile": set(),
-    "fit": {"epochs_run", "loss_decreases", "keys", "template_trained"},
+    "fit": {"epochs_run", "loss_decreases", "keys", "template_trained",
+            "equals_reference"},
     "evaluate": {"keys", "finite"},
     "predict": {"shape", "equals_template", "finite"},
     "save": set(),
@@ -283,6 +287,20 @@ class PythonRun:
         if "split" in expect:
             batch, rows = expect["split"]
             assert [n for _, n in parallel.batch_split(batch)] == rows
+        if "output_names" in expect:
+            assert parallel.output_names == expect["output_names"]
+
+    def do_model_parallel(self, step, expect, entry):
+        args = {k: step[k] for k in ("devices", "split", "microbatches")
+                if k in step}
+        partitioned = multigpu.model_parallel(self.model, **args)
+        self.model, self.template = partitioned, partitioned.template
+        if "model_class" in expect:
+            assert type(partitioned).__name__ == expect["model_class"]
+        if "stages" in expect:
+            assert partitioned.stages == expect["stages"]
+        if "output_names" in expect:
+            assert partitioned.output_names == expect["output_names"]
 
     def do_mirrored_strategy(self, step, expect, entry):
         self.strategy = multigpu.mirrored_strategy(step.get("devices"))
@@ -291,6 +309,15 @@ class PythonRun:
 
     def do_compile(self, step, expect, entry):
         self._in_scope(lambda: self.model.compile(**compile_arguments(step)))
+        self.compile_step = step
+
+    def _reference_fit(self, fit_args):
+        """A fresh model of the recipe, compiled and fit alike on one device."""
+        reference = recipes.build(self.scenario["recipe"],
+                                  self.scenario["seed"])
+        reference.compile(**compile_arguments(self.compile_step))
+        reference.fit(self.x, self.y, **fit_args)
+        return reference
 
     def do_fit(self, step, expect, entry):
         args = {"epochs": step.get("epochs", 1), "verbose": 0,
@@ -321,6 +348,12 @@ class PythonRun:
             assert len(losses) >= 2 and losses[-1] < losses[0], losses
         if "keys" in expect:
             assert sorted(history) == sorted(expect["keys"])
+        if "equals_reference" in expect:
+            args.pop("callbacks", None)
+            reference = self._reference_fit(args)
+            assert max_difference(self.template.get_weights(),
+                                  reference.get_weights()) <= _tolerance(
+                expect["equals_reference"])
 
     def _dataset(self, spec):
         args = {"per_replica_batch_size": spec["per_replica_batch_size"],

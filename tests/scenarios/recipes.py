@@ -83,6 +83,30 @@ def _not_a_model():
     layer = keras.layers.Dense(3, name="lonely_dense")
     layer.build((None, 6))
     return layer
+def _siamese_outputs():
+    """tf.keras's siamese test: the shared model's output is two outputs."""
+    nested = keras.Sequential([keras.Input((3,), name="nested_in"),
+                               keras.layers.Dense(6, name="n1"),
+                               keras.layers.Dense(1, name="n2")],
+                              name="nested")
+    left = keras.Input((3,), name="left")
+    right = keras.Input((3,), name="right")
+    s1, s2 = nested(left), nested(right)
+    added = keras.layers.Add(name="add")([s1, s2])
+    return keras.Model([left, right], [added, s1, s2], name="siamese_outputs")
+
+
+def _branching():
+    """A stem feeding two branches, merged, then a head."""
+    inputs = keras.Input((6,), name="features")
+    stem = keras.layers.Dense(8, activation="tanh", name="stem")(inputs)
+    left = keras.layers.Dense(8, activation="tanh", name="left1")(stem)
+    left = keras.layers.Dense(8, activation="tanh", name="left2")(left)
+    right = keras.layers.Dense(8, activation="tanh", name="right1")(stem)
+    right = keras.layers.Dense(8, activation="tanh", name="right2")(right)
+    merged = keras.layers.Concatenate(name="cat")([left, right])
+    return keras.Model(inputs, keras.layers.Dense(2, name="head")(merged),
+                       name="branching")
 
 
 RECIPES = {
@@ -92,6 +116,8 @@ RECIPES = {
     "shared_submodel": _shared_submodel,
     "batchnorm": _batchnorm,
     "rnn": _rnn,
+    "siamese_outputs": _siamese_outputs,
+    "branching": _branching,
     "fixed_batch": _fixed_batch,
     "not_a_model": _not_a_model,
 }
@@ -144,6 +170,17 @@ def make_data(recipe, seed, rows):
     elif recipe == "rnn":
         x = _features(rng, rows, 5, 3)
         y = np.stack([x[:, :, 0].mean(axis=1), x[:, -1, 1]],
+                     axis=1).astype("float32")
+    elif recipe == "siamese_outputs":
+        left, right = _features(rng, rows, 3), _features(rng, rows, 3)
+        x = {"left": left, "right": right}
+        # One target per output, by position: the template names two of its
+        # outputs "nested", the parallel model "nested" and "nested_1".
+        y = [(left[:, :1] + right[:, :1]).astype("float32"),
+             left[:, 1:2].copy(), right[:, 1:2].copy()]
+    elif recipe == "branching":
+        x = _features(rng, rows, 6)
+        y = np.stack([x[:, 0] * x[:, 1], np.tanh(x[:, 2])],
                      axis=1).astype("float32")
     else:
         raise KeyError(f"No data for recipe {recipe!r}")

@@ -107,6 +107,12 @@ scenario_metrics <- function(spec) {
   lapply(spec, unlist)
 }
 
+# Keras keeps some lists in tracking wrappers that reticulate leaves as
+# Python objects; a plain Python list converts to a character vector.
+scenario_names <- function(value) {
+  unlist(reticulate::import_builtins()$list(value))
+}
+
 scenario_compile_args <- function(spec) {
   args <- list(optimizer = scenario_optimizer(spec$optimizer), loss = spec$loss)
   if (!is.null(spec$metrics)) args$metrics <- scenario_metrics(spec$metrics)
@@ -292,12 +298,55 @@ scenario_steps <- list(
       scenario_expect(max_difference(parallel$template$get_weights(), before) == 0,
                       sprintf("%s: the template's weights changed", where))
     }
+    if (!is.null(expect$output_names)) {
+      names <- scenario_names(parallel$output_names)
+      scenario_expect(identical(names, unlist(expect$output_names)),
+                      sprintf("%s: output names %s", where,
+                              paste(names, collapse = ", ")))
+    }
     if (!is.null(expect$split)) {
       split <- parallel$batch_split(expect$split[[1]])
       rows <- vapply(split, function(pair) as.integer(pair[[2]]), integer(1))
       scenario_expect(identical(rows, as.integer(unlist(expect$split[[2]]))),
                       sprintf("%s: batch split %s", where,
                               paste(rows, collapse = "/")))
+    }
+    entry
+  },
+
+  model_parallel = function(step, expect, entry, state, where) {
+    args <- list()
+    if (!is.null(step$devices)) args$devices <- scenario_devices(step$devices)
+    if (!is.null(step$split)) {
+      args$split <- if (is.list(step$split) &&
+                        all(vapply(step$split, is.list, logical(1)))) {
+        lapply(step$split, unlist)
+      } else {
+        unlist(step$split)
+      }
+    }
+    if (!is.null(step$microbatches)) args$microbatches <- step$microbatches
+    partitioned <- suppress_multigpu_warnings(
+      do.call(model_parallel, c(list(state$model), args)))
+    state$model <- partitioned
+    state$template <- partitioned$template
+    if (!is.null(expect$model_class)) {
+      python_class <- sub(".*[.]", "", class(partitioned)[[1]])
+      scenario_expect(identical(python_class, expect$model_class),
+                      sprintf("%s: a %s", where, python_class))
+    }
+    if (!is.null(expect$stages)) {
+      stages <- lapply(partitioned$stages, unlist)
+      scenario_expect(identical(stages, lapply(expect$stages, unlist)),
+                      sprintf("%s: stages %s", where,
+                              paste(vapply(stages, paste, "", collapse = "+"),
+                                    collapse = " | ")))
+    }
+    if (!is.null(expect$output_names)) {
+      names <- scenario_names(partitioned$output_names)
+      scenario_expect(identical(names, unlist(expect$output_names)),
+                      sprintf("%s: output names %s", where,
+                              paste(names, collapse = ", ")))
     }
     entry
   },
@@ -316,6 +365,7 @@ scenario_steps <- list(
   compile = function(step, expect, entry, state, where) {
     args <- c(list(state$model), scenario_compile_args(step))
     in_strategy_scope(state, function() do.call(compile, args))
+    state$compile_step <- step
     entry
   },
 
@@ -360,6 +410,20 @@ scenario_steps <- list(
       scenario_expect(identical(sort(names(metrics)), sort(unlist(expect$keys))),
                       sprintf("%s: history has %s", where,
                               paste(names(metrics), collapse = ", ")))
+    }
+    if (!is.null(expect$equals_reference)) {
+      # A fresh model of the recipe, compiled and fit alike on one device.
+      s <- state$scenario
+      reference <- state$recipes$build(s$recipe, s$seed)
+      do.call(compile, c(list(reference),
+                         scenario_compile_args(state$compile_step)))
+      args$callbacks <- NULL
+      do.call(fit, c(list(reference, x, y), args))
+      difference <- max_difference(state$template$get_weights(),
+                                   reference$get_weights())
+      scenario_expect(difference <= scenario_tolerance(expect$equals_reference),
+                      sprintf("%s: weights differ from the reference by %g",
+                              where, difference))
     }
     entry
   },

@@ -137,3 +137,14 @@ test_that("in a fresh session, the CPU fallback warning is an R warning", {
   expect_match(output, "message: No GPU found: using the 2 logical CPU devices ['/device:CPU:0', '/device:CPU:1'].", fixed = TRUE)
   expect_match(output, "call: multi_gpu_model(model)", fixed = TRUE)
 })
+
+test_that("a Sequential model without an input runs once built, and says so before", {
+  skip_if_no_multigpu()
+  keras <- keras_py()
+  model <- keras$Sequential(list(keras$layers$Dense(5L), keras$layers$Dense(3L)))
+  expect_error(multi_gpu_model(model, gpus = 2), "has not been built.*model\\(x\\[:1\\]\\)",
+               class = "multigpu_value_error")
+  model(iris_x(1:7))  # builds it on a batch of 7 rows
+  parallel <- multi_gpu_model(model, gpus = 2)
+  same_predictions(parallel, model, iris_x(1:5))
+})
