@@ -194,17 +194,20 @@ base_python <- function(python = NULL, call = caller_call()) {
   }
   if (is.na(python) || !file.exists(python)) {
     multigpu_abort(sprintf(
-      "No Python to create the environment with: %s. Install Python 3.10 to 3.13, or pass python = \"/path/to/python3\".",
-      if (is.na(python)) "python3 is not on the PATH" else paste(python, "does not exist")
+      "No Python to create the environment with: %s. Install Python %s, or pass python = \"/path/to/python3\".",
+      if (is.na(python)) "python3 is not on the PATH" else paste(python, "does not exist"),
+      core_python_range()$text
     ), class = "multigpu_install_error", call = call)
   }
   versions <- probe_python(python)
   version <- if (is.null(names(versions))) NA else
     numeric_version(versions[["python"]], strict = FALSE)
-  if (is.na(version) || version < "3.10" || version >= "3.14") {
+  supported <- core_python_range()
+  if (is.na(version) || version < supported$min || version >= supported$below) {
     multigpu_abort(sprintf(
-      "The Python %s is %s; TensorFlow 2.21 needs Python 3.10 to 3.13. Pass python = \"/path/to/python3.11\" (or another supported version).",
-      python, if (is.na(version)) "not runnable" else paste("version", version)
+      "The Python %s is %s; TensorFlow 2.21 needs Python %s. Pass python = \"/path/to/python3.11\" (or another supported version).",
+      python, if (is.na(version)) "not runnable" else paste("version", version),
+      supported$text
     ), class = "multigpu_install_error", call = call)
   }
   list(python = python, version = versions[["python"]])

@@ -30,7 +30,8 @@
 #' missing or incompatible, signals a `multigpu_unavailable_error` that says
 #' what is wrong and how to fix it: no Python at the chosen path, Python
 #' outside 3.10-3.13, TensorFlow, Keras 3 or the multigpu Python package
-#' missing, or NumPy 2 with reticulate < 1.38 (which only works with
+#' missing or of another version than the R package (then the error is also
+#' a `multigpu_version_error`), or NumPy 2 with reticulate < 1.38 (which only works with
 #' NumPy < 2).
 #'
 #' @returns `multigpu_config()`: a list of class `multigpu_config` with
@@ -241,6 +242,22 @@ fix_text <- paste0(
   "library(multigpu)."
 )
 
+#' The Python versions the core supports, read from its pyproject.toml
+#' (`requires-python = ">=3.10,<3.14"`), where they are written once.
+#'
+#' @returns A list: `min` and `below` (`numeric_version`s) and `text`
+#'   (`"3.10 to 3.13"`).
+#' @noRd
+core_python_range <- function(pyproject = file.path(bundled_core(), "pyproject.toml")) {
+  lines <- readLines(pyproject, warn = FALSE)
+  line <- grep("^requires-python\\s*=", lines, value = TRUE)[[1]]
+  min <- sub(".*>=\\s*([0-9.]+).*", "\\1", line)
+  below <- numeric_version(sub(".*<\\s*([0-9.]+).*", "\\1", line))
+  last <- sprintf("%s.%d", below[[1, 1]], below[[1, 2]] - 1L)
+  list(min = numeric_version(min), below = below,
+       text = sprintf("%s to %s", min, last))
+}
+
 #' What is wrong with a Python for multigpu, or NULL when nothing is.
 #'
 #' @param versions The result of `probe_python()`.
@@ -262,10 +279,11 @@ diagnose <- function(python, source, versions,
                    python, where, versions, fix_text))
   }
   version <- numeric_version(versions[["python"]], strict = FALSE)
-  if (is.na(version) || version < "3.10" || version >= "3.14") {
+  supported <- core_python_range()
+  if (is.na(version) || version < supported$min || version >= supported$below) {
     return(sprintf(
-      "The Python %s %s is version %s; multigpu needs Python 3.10 to 3.13 (TensorFlow 2.21 supports no other). %s",
-      python, where, versions[["python"]], fix_text
+      "The Python %s %s is version %s; multigpu needs Python %s (TensorFlow 2.21 supports no other). %s",
+      python, where, versions[["python"]], supported$text, fix_text
     ))
   }
   numpy <- versions[["numpy"]]

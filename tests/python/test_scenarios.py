@@ -587,6 +587,7 @@ def _as_list(value):
 _largest = {}
 
 
+@pytest.mark.r_parity
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_parity(scenario, embedded_r, tmp_path_factory):
     python = python_record(scenario, tmp_path_factory)
@@ -600,6 +601,7 @@ def test_parity(scenario, embedded_r, tmp_path_factory):
         f"R and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
 
 
+@pytest.mark.r_parity
 def test_parity_summary(capsys):
     """Runs after the parity tests (file order): prints how many scenarios of
     each kind ran in both languages and the largest difference seen."""

@@ -62,6 +62,16 @@ test_that("default_env_dir() is under WORKON_HOME unless given a path", {
   expect_identical(default_env_dir("~/envs/mg"), path.expand("~/envs/mg"))
 })
 
+test_that("core_python_range() reads the supported Pythons from the core's pyproject.toml", {
+  supported <- core_python_range()
+  expect_identical(supported$text, "3.10 to 3.13")
+  pyproject <- withr::local_tempfile()
+  writeLines(c("[project]", "requires-python = \">=3.11,<3.15\""), pyproject)
+  expect_identical(core_python_range(pyproject),
+                   list(min = numeric_version("3.11"), below = numeric_version("3.15"),
+                        text = "3.11 to 3.14"))
+})
+
 test_that("diagnose() names each problem and its fix", {
   python <- file.path(R.home("bin"), "R")  # any existing file
   ok <- c(python = "3.11.7", numpy = "1.26.4", tensorflow = "2.21.0",
