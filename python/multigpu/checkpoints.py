@@ -25,6 +25,7 @@ import re
 import warnings
 
 import keras
+from multigpu.messages import literal
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.keras$")
 _TEMP_PREFIX = ".tmp-"
@@ -62,7 +63,7 @@ def _check_save_freq(save_freq):
     ):
         return save_freq
     raise ValueError(
-        f"Invalid `save_freq`: received {save_freq!r}; expected 'epoch' "
+        f"Invalid `save_freq`: received {literal(save_freq)}; expected {literal('epoch')} "
         "(checkpoint at the end of every epoch) or an int >= 1 (checkpoint "
         "every that many batches)."
     )
@@ -73,13 +74,13 @@ def _check_directory(checkpoint_dir):
         checkpoint_dir
     ):
         raise ValueError(
-            f"Invalid `checkpoint_dir`: received {checkpoint_dir!r}; expected "
+            f"Invalid `checkpoint_dir`: received {literal(checkpoint_dir)}; expected "
             "a directory path (created if missing)."
         )
     directory = os.fspath(checkpoint_dir)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(
-            f"Invalid `checkpoint_dir`: received {checkpoint_dir!r}, which is "
+            f"Invalid `checkpoint_dir`: received {literal(checkpoint_dir)}, which is "
             "a file; expected a directory."
         )
     return directory
@@ -286,7 +287,7 @@ def make_or_restore_model(checkpoint_dir, build_fn):
             return keras.models.load_model(path)
         except Exception as error:  # noqa: BLE001 - try the next one
             warnings.warn(
-                f"Skipping unreadable checkpoint {path!r}: "
+                f"Skipping unreadable checkpoint {literal(path)}: "
                 f"{type(error).__name__}: {error}",
                 UserWarning, stacklevel=2,
             )

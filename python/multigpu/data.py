@@ -13,6 +13,7 @@ import warnings
 import keras
 import numpy as np
 import tensorflow as tf
+from multigpu.messages import api, literal, literals, setting
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,
@@ -46,10 +47,10 @@ def num_replicas(strategy=None):
         return len(devices)
     raise TypeError(
         f"Invalid `strategy`: received an object of type "
-        f"{type(strategy).__name__}; expected None (the strategy whose scope "
+        f"{type(strategy).__name__}; expected {literal(None)} (the strategy whose scope "
         "is open), a tf.distribute.Strategy such as "
-        "multigpu.mirrored_strategy(), or a model made by "
-        "multigpu.multi_gpu_model."
+        f"{api('mirrored_strategy')}, or a model made by "
+        f"{api('multi_gpu_model', '...')}."
     )
 
 
@@ -58,7 +59,7 @@ def _check_positive_int(name, value):
         value < 1
     ):
         raise ValueError(
-            f"Invalid `{name}`: received {value!r}; expected an int >= 1."
+            f"Invalid `{name}`: received {literal(value)}; expected an int >= 1."
         )
     return int(value)
 
@@ -78,7 +79,7 @@ def _from_arrays(x, y):
         if y is not None:
             raise ValueError(
                 "Invalid `y`: received an array but `x` is a tf.data.Dataset, "
-                "which must yield (features, targets) itself; pass y=None."
+                f"which must yield (features, targets) itself; pass {setting('y', None)}."
             )
         if type(x).__name__ in _BATCHED:
             raise ValueError(
@@ -91,7 +92,7 @@ def _from_arrays(x, y):
         return x, cardinality if cardinality >= 0 else None
     if x is None:
         raise ValueError(
-            "Invalid `x`: received None; expected numpy arrays (or a dict or "
+            f"Invalid `x`: received {literal(None)}; expected numpy arrays (or a dict or "
             "list of them) or a tf.data.Dataset of single examples."
         )
     arrays = x if y is None else (x, y)
@@ -109,30 +110,30 @@ def _cached(dataset, cache):
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise ValueError(
-                f"Invalid `cache`: received {cache!r}, but its directory "
-                f"{parent!r} does not exist. Create it first, or use "
-                "cache='memory'."
+                f"Invalid `cache`: received {literal(cache)}, but its directory "
+                f"{literal(parent)} does not exist. Create it first, or use "
+                f"{setting('cache', 'memory')}."
             )
         return dataset.cache(path)
     raise ValueError(
-        f"Invalid `cache`: received {cache!r}; expected None (no cache), "
-        "'memory', or a file path prefix for an on-disk cache."
+        f"Invalid `cache`: received {literal(cache)}; expected {literal(None)} (no cache), "
+        f"{literal('memory')}, or a file path prefix for an on-disk cache."
     )
 
 
 def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
     if not isinstance(shuffle, bool):
         raise ValueError(
-            f"Invalid `shuffle`: received {shuffle!r}; expected True or False."
+            f"Invalid `shuffle`: received {literal(shuffle)}; expected {literals([True, False])}."
         )
     if not shuffle:
         return dataset
     if shuffle_buffer is None:
         if rows is None:
             raise ValueError(
-                "Invalid `shuffle_buffer`: received None, but the dataset's "
+                f"Invalid `shuffle_buffer`: received {literal(None)}, but the dataset's "
                 "size is unknown (or infinite), so no full-shuffle buffer "
-                "size can be chosen. Pass shuffle_buffer=... (e.g. 10000)."
+                f"size can be chosen. Pass {setting('shuffle_buffer', 10000)} (for example)."
             )
         shuffle_buffer = max(rows, 1)
     shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
@@ -180,7 +181,7 @@ def _warn_small_remainder(rows, batch, replicas, drop_remainder):
         warnings.warn(
             f"The final batch has {remainder} row(s), fewer than the "
             f"{replicas} replicas: {replicas - remainder} replica(s) get an "
-            "empty sub-batch in that step. Pass drop_remainder=True to skip "
+            f"empty sub-batch in that step. Pass {setting('drop_remainder', True)} to skip "
             "it, or a per_replica_batch_size that divides the data.",
             UserWarning, stacklevel=3,
         )
@@ -256,24 +257,24 @@ def distributed_dataset(
         shard_policy, str) else None
     if policy is None:
         raise ValueError(
-            f"Invalid `shard_policy`: received {shard_policy!r}; expected "
-            f"one of {list(_SHARD_POLICIES)}."
+            f"Invalid `shard_policy`: received {literal(shard_policy)}; expected "
+            f"one of {literals(list(_SHARD_POLICIES))}."
         )
     for name, flag in (("prefetch", prefetch),
                        ("drop_remainder", drop_remainder)):
         if not isinstance(flag, bool):
             raise ValueError(
-                f"Invalid `{name}`: received {flag!r}; expected True or False."
+                f"Invalid `{name}`: received {literal(flag)}; expected {literals([True, False])}."
             )
     replicas = num_replicas(strategy)
     if shuffle is True and seed is None and isinstance(
         strategy, tf.distribute.MultiWorkerMirroredStrategy
     ):
         warnings.warn(
-            "shuffle=True without a seed under MultiWorkerMirroredStrategy: "
+            f"{setting('shuffle', True)} without a seed under MultiWorkerMirroredStrategy: "
             "each worker shuffles differently and keeps its share of a "
             "different order, so some rows are seen twice per epoch and "
-            "others never. Pass the same seed=... on every worker.",
+            "others never. Pass the same seed on every worker.",
             UserWarning, stacklevel=2,
         )
     dataset, rows = _from_arrays(x, y)

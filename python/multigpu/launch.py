@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from multigpu.messages import literal
 
 READY_DIR_VARIABLE = "MULTIGPU_LAUNCH_READY_DIR"
 _POLL_SECONDS = 0.1
@@ -194,11 +195,11 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(
-            f"Invalid `workers`: received {workers!r}; expected an int >= 1."
+            f"Invalid `workers`: received {literal(workers)}; expected an int >= 1."
         )
     if not os.path.isfile(script):
         raise ValueError(
-            f"Invalid `script`: received {script!r}, which is not a file."
+            f"Invalid `script`: received {literal(script)}, which is not a file."
         )
     addresses = [f"{host}:{port}" for port in free_ports(workers, host)]
     lock = threading.Lock()

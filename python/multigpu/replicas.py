@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import mirrored
+from multigpu.messages import literal, literals, setting
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -278,7 +279,7 @@ class DataParallel(TemplateLayer):
 def _input_like(tensor):
     if tensor.shape[0] is not None:
         raise ValueError(
-            f"Invalid `model`: its input {tensor.name!r} has a fixed batch "
+            f"Invalid `model`: its input {literal(tensor.name)} has a fixed batch "
             f"size ({tensor.shape}); multi_gpu_model slices each batch, so "
             "build the model with shape=... rather than batch_shape=..."
         )
@@ -321,7 +322,7 @@ def symbolic_graph(model):
         graph.input, graph.output
     except (AttributeError, ValueError):
         raise ValueError(
-            f"Invalid `model`: {model.name!r} has no symbolic inputs. Build "
+            f"Invalid `model`: {literal(model.name)} has no symbolic inputs. Build "
             "it with keras.Input(...) (Sequential: start with "
             "keras.Input(shape=...)); subclassed models are not supported."
         ) from None
@@ -351,7 +352,7 @@ class TemplateBacked:
         """
         if jit_compile is True:
             warnings.warn(
-                "jit_compile=True ignored: XLA would compile the whole step "
+                f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
                 f"into one cluster on one device, undoing {self.parallelism}.",
                 UserWarning, stacklevel=2,
             )
@@ -477,7 +478,7 @@ class ParallelModel(TemplateBacked, keras.Model):
 def _check_flag(name, value):
     if not isinstance(value, bool):
         raise ValueError(
-            f"Invalid `{name}`: received {value!r}; expected True or False."
+            f"Invalid `{name}`: received {literal(value)}; expected {literals([True, False])}."
         )
 
 
@@ -492,9 +493,9 @@ def relocate_to_cpu(model):
             clone = keras.models.clone_model(model)
     except ValueError as error:
         raise ValueError(
-            f"Invalid `model` for cpu_relocation=True: {model.name!r} cannot "
+            f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
             f"be cloned ({error}). Build the model under "
-            "tf.device('/cpu:0') instead and keep cpu_relocation=False."
+            f"tf.device('/cpu:0') instead and keep {setting('cpu_relocation', False)}."
         ) from None
     clone.set_weights(model.get_weights())
     return clone

@@ -25,13 +25,13 @@ test_that("checkpoint_callbacks() errors: NA and non-whole in R, the rest in Pyt
   dir <- withr::local_tempdir()
   expect_error(checkpoint_callbacks(dir, save_freq = 2.5), "`save_freq` is not a whole number",
                class = "multigpu_value_error")
-  expect_error(checkpoint_callbacks(dir, save_freq = NA), "Invalid `save_freq`: received True",
+  expect_error(checkpoint_callbacks(dir, save_freq = NA), "Invalid `save_freq`: received TRUE",
                class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(NA_character_), "`checkpoint_dir` must be a single non-empty path",
                class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(dir, save_freq = 0), "Invalid `save_freq`: received 0",
                class = "multigpu_value_error")
-  expect_error(checkpoint_callbacks(dir, save_freq = "batch"), "Invalid `save_freq`: received 'batch'",
+  expect_error(checkpoint_callbacks(dir, save_freq = "batch"), 'Invalid `save_freq`: received "batch"',
                class = "multigpu_value_error")
   file <- tempfile()
   writeLines("x", file)

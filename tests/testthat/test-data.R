@@ -80,7 +80,7 @@ test_that("distributed_dataset() rejects NA and non-whole numbers in R, the rest
                "Invalid `per_replica_batch_size`: received 0; expected an int >= 1", fixed = TRUE,
                class = "multigpu_value_error")
   expect_error(distributed_dataset(x, shard_policy = "rows", strategy = strategy),
-               "Invalid `shard_policy`: received 'rows'", fixed = TRUE, class = "multigpu_value_error")
+               'Invalid `shard_policy`: received "rows"', fixed = TRUE, class = "multigpu_value_error")
   expect_error(distributed_dataset(x, cache = file.path(tempdir(), "no", "such", "dir", "c"), strategy = strategy),
                "Invalid `cache`", class = "multigpu_value_error")
   expect_error(distributed_dataset(x, x[1:5, ], strategy = strategy),
