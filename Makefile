@@ -4,10 +4,28 @@
 #                 in both languages with the parity check, benchmark smoke run)
 SHELL := /bin/bash
 PYTHON_BOOT ?= python3
+# Two Python environments, one per NumPy major version (the core supports
+# both; every version requirement is in pyproject.toml):
+#   .venv         NumPy 1, with the numpy1 extra: the R package's (Debian's
+#                 reticulate 1.28 cannot use NumPy 2), the demo's and the
+#                 benchmarks'. Runs R CMD check and the scenarios' R parity
+#                 check (which runs every scenario in Python too: build, fit,
+#                 predict, save and reload under NumPy 1), plus the data and
+#                 message tests.
+#   .venv-numpy2  NumPy 2, as Python users install it: the whole Python
+#                 suite except the R parity check (R cannot run there).
+# Both together cost about what one full run did: the scenarios, the
+# suite's largest part, still run once in each language.
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
 PY_TEST_STAMP := $(VENV)/.installed-test
+NUMPY2_VENV := .venv-numpy2
+PY_NUMPY2 := $(NUMPY2_VENV)/bin/python
+PY_NUMPY2_STAMP := $(NUMPY2_VENV)/.installed-test
+NUMPY1_TESTS := tests/python/test_scenarios.py::test_parity \
+	tests/python/test_scenarios.py::test_parity_summary \
+	tests/python/test_data.py tests/python/test_messages.py
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # TensorFlow's C++ start-up chatter; errors still print.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -20,16 +38,16 @@ R_DEBS := r-base-core r-base-dev r-cran-reticulate r-cran-generics \
 R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 	rmarkdown roxygen2
 
-.PHONY: demo test test-python test-r bench bench-quick setup setup-python \
-	setup-test setup-r slurm-up
+.PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
+	setup setup-python setup-test setup-numpy2 setup-r slurm-up
 
-setup: setup-test
+setup: setup-test setup-numpy2
 
 setup-python: $(PY_STAMP)
 
 $(PY_STAMP): pyproject.toml
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[cpu,demo]"
+	$(PY) -m pip install --quiet -e ".[cpu,demo,numpy1]"
 	touch $@
 
 setup-r:
@@ -42,16 +60,28 @@ setup-r:
 setup-test: $(PY_TEST_STAMP)
 
 $(PY_TEST_STAMP): $(PY_STAMP) | setup-r
-	$(PY) -m pip install --quiet -e ".[cpu,demo,test]"
+	$(PY) -m pip install --quiet -e ".[cpu,demo,test,numpy1]"
+	touch $@
+
+# What a Python user gets today: the newest NumPy, 2.x.
+setup-numpy2: $(PY_NUMPY2_STAMP)
+
+$(PY_NUMPY2_STAMP): pyproject.toml | setup-r
+	$(PYTHON_BOOT) -m venv $(NUMPY2_VENV)
+	$(PY_NUMPY2) -m pip install --quiet -e ".[cpu,demo,test]" "numpy>=2"
 	touch $@
 
 demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
-test: test-python test-r bench-quick
+test: test-python test-python-numpy1 test-r bench-quick
 
-test-python: setup-test slurm-up
-	$(PY) -m pytest -q
+# `-m` replaces the one in pytest's addopts: keep the slow sweeps out here too.
+test-python: setup-numpy2 slurm-up
+	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity"
+
+test-python-numpy1: setup-test
+	$(PY) -m pytest -q $(NUMPY1_TESTS)
 
 test-r: setup-test slurm-up
 	bash .ci/r-check.sh

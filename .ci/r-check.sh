@@ -5,18 +5,19 @@
 #
 # 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
 # 2. R CMD build (runs both vignettes for real).
-# 3. R CMD check --no-manual on the tarball (examples, testthat suite,
+# 3. .ci/r-install-test.sh: the tarball installed into an empty library,
+#    install_multigpu() run elsewhere, a model trained with it.
+# 4. R CMD check --no-manual on the tarball (examples, testthat suite,
 #    vignettes rebuilt); any ERROR or WARNING fails, NOTEs are listed.
-# 4. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
+# 5. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
 #    in CI also a skip, fails.
 #
-# Python: RETICULATE_PYTHON defaults to the repository's .venv (make setup);
-# MULTIGPU_CORE to this checkout (install_multigpu()'s tests install it).
+# Python: RETICULATE_PYTHON defaults to the repository's .venv (make setup).
+# install_multigpu()'s tests install the core the tarball carries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 export RETICULATE_PYTHON="${RETICULATE_PYTHON:-$root/.venv/bin/python}"
-export MULTIGPU_CORE="${MULTIGPU_CORE:-$root}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # The checks' own settings: suggested packages must be installed, and the
@@ -34,7 +35,7 @@ fi
 
 echo "== roxygen2: NAMESPACE and man/ are up to date"
 rm -rf "$out/roxygen" && mkdir -p "$out/roxygen"
-tar --exclude=./.git --exclude=./.venv --exclude=./out --exclude='./*.Rcheck' \
+tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./out --exclude='./*.Rcheck' \
   -cf - . | tar -xf - -C "$out/roxygen"
 (cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
 if ! diff -r -q "$root/man" "$out/roxygen/man" ||
@@ -47,6 +48,9 @@ fi
 echo "== R CMD build"
 (cd "$out" && R CMD build "$root")
 tarball=$(ls "$out"/multigpu_*.tar.gz)
+
+echo "== the tarball installed as a user does: install_multigpu(), then training"
+bash "$root/.ci/r-install-test.sh" "$tarball"
 
 echo "== R CMD check --no-manual"
 status=0

@@ -11,6 +11,7 @@
 #' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem) |
 #' | `multigpu_python_error` | any error raised in Python; also carried by the three above when they come from Python |
 #' | `multigpu_unavailable_error` | Python, TensorFlow, Keras or the multigpu Python package is missing or incompatible (see [multigpu_config()]) |
+#' | `multigpu_version_error` | the multigpu Python package is another version than the R package (also a `multigpu_unavailable_error`); [install_multigpu()] installs the matching one |
 #' | `multigpu_install_error` | [install_multigpu()] could not create or update the environment |
 #' | `multigpu_error` | every error above |
 #'
@@ -27,7 +28,7 @@
 #' @name multigpu-conditions
 #' @aliases multigpu_error multigpu_value_error multigpu_type_error
 #'   multigpu_runtime_error multigpu_python_error multigpu_unavailable_error
-#'   multigpu_warning
+#'   multigpu_version_error multigpu_install_error multigpu_warning
 #' @family multigpu environment
 #' @examplesIf multigpu::is_multigpu_available()
 #' virtual_devices(2)

@@ -1,23 +1,26 @@
 #' Install or update the Python environment multigpu uses
 #'
 #' Creates (or, when it exists, updates) a Python virtual environment with
-#' TensorFlow 2.21, Keras 3.15, the multigpu Python package and the pins
-#' reticulate needs (NumPy < 2 with reticulate < 1.38, with matching
-#' `ml_dtypes` and `h5py`), then reports what is installed. The default
-#' environment, `r-multigpu` in reticulate's virtualenv root, is the one
-#' multigpu finds by itself (see [multigpu_config()]); restart R afterwards
-#' if Python was already running.
+#' TensorFlow 2.21, Keras 3.15 and the multigpu Python package this R
+#' package carries (the same version), then reports what is installed. It
+#' works from any directory: the Python package is part of the R package.
+#' The default environment, `r-multigpu` in reticulate's virtualenv root, is
+#' the one multigpu finds by itself (see [multigpu_config()]); restart R
+#' afterwards if Python was already running.
 #'
-#' The multigpu Python package is not taken from a package index: `core` is
-#' the multigpu source (the checkout holding `pyproject.toml`, or a wheel).
-#' By default it is found from the `MULTIGPU_CORE` environment variable, or
-#' in the working directory or one of its parents.
+#' The version requirements come from the Python package's own metadata (its
+#' extras): the TensorFlow build for this platform (`tensorflow-cpu` on
+#' Linux x86_64 and Windows, `tensorflow` on macOS with Apple silicon and
+#' Linux aarch64; TensorFlow 2.21 has no build for Intel Macs), and NumPy < 2
+#' when reticulate is older than 1.38 (which cannot use NumPy 2).
 #'
 #' @param envname Name of the virtual environment (in reticulate's
 #'   virtualenv root, `$WORKON_HOME` or `~/.virtualenvs`), or a path to one.
-#' @param core The multigpu Python source: a checkout directory, a wheel
-#'   file, or a pip requirement such as `"multigpu @ file:///path"`. `NULL`
-#'   to find it (see above).
+#' @param core The multigpu Python package to install: `NULL` (default) for
+#'   the one this R package carries (or the `MULTIGPU_CORE` environment
+#'   variable, when set); else a source directory holding its
+#'   `pyproject.toml`, a wheel file, or a pip requirement such as
+#'   `"multigpu @ file:///path/multigpu-0.1.0-py3-none-any.whl"`.
 #' @param python The Python used to create a new environment (3.10 to 3.13);
 #'   `NULL` for `python3` on the `PATH`. Ignored when the environment exists.
 #' @param gpu `TRUE` to install TensorFlow with CUDA (Linux GPUs) instead of
@@ -33,16 +36,25 @@
 #' @export
 #' @examples
 #' \dontrun{
-#' # From a multigpu checkout: creates ~/.virtualenvs/r-multigpu
+#' # Creates ~/.virtualenvs/r-multigpu (or $WORKON_HOME/r-multigpu)
 #' multigpu::install_multigpu()
 #' }
 install_multigpu <- function(envname = "r-multigpu", core = NULL,
                              python = NULL, gpu = FALSE, demo = TRUE,
                              extra_packages = NULL, quiet = FALSE) {
   env_dir <- default_env_dir(as_string(envname, null_ok = FALSE))
+  gpu <- isTRUE(as_flag(gpu))
+  demo <- isTRUE(as_flag(demo))
+  check_platform_has_tensorflow()
+  source <- find_core_source(core)
+  if (dir.exists(source)) {
+    # pip builds a source directory in place; the installed R package may
+    # be read-only, so it builds a copy.
+    source <- copy_core_source(source)
+    on.exit(unlink(dirname(source), recursive = TRUE), add = TRUE)
+  }
   requirements <- install_requirements(
-    find_core_source(core), gpu = isTRUE(as_flag(gpu)),
-    demo = isTRUE(as_flag(demo)), extra_packages = extra_packages
+    source, gpu = gpu, demo = demo, extra_packages = extra_packages
   )
   env_python <- venv_python(env_dir)
   created <- !file.exists(env_python)
@@ -75,27 +87,64 @@ install_multigpu <- function(envname = "r-multigpu", core = NULL,
                  requirements = requirements, versions = versions))
 }
 
-#' The pip requirements install_multigpu() asks for.
+#' The pip requirements install_multigpu() asks for: the core with its
+#' extras, which hold every version requirement (pyproject.toml).
 #' @noRd
 install_requirements <- function(core, gpu = FALSE, demo = TRUE,
                                  extra_packages = NULL,
                                  reticulate_version = utils::packageVersion("reticulate")) {
-  extras <- c(if (gpu) "gpu" else "cpu", if (demo) "demo")
-  is_local_dir <- dir.exists(core)
-  core_requirement <- if (is_local_dir) {
-    sprintf("%s[%s]", normalizePath(core), paste(extras, collapse = ","))
+  extras <- paste(c(if (gpu) "gpu" else "cpu", if (demo) "demo",
+                    if (reticulate_version < "1.38") "numpy1"),
+                  collapse = ",")
+  named <- "^\\s*multigpu\\s*@"
+  core_requirement <- if (grepl(named, core)) {
+    sub(named, sprintf("multigpu[%s] @", extras), core)
   } else {
-    core
+    sprintf("%s[%s]", if (file.exists(core)) normalizePath(core) else core,
+            extras)
   }
-  tensorflow <- if (gpu) "tensorflow[and-cuda]==2.21.*" else "tensorflow-cpu==2.21.*"
-  numpy <- if (reticulate_version < "1.38") "numpy>=1.26,<2" else "numpy>=1.26"
-  c(tensorflow, "keras==3.15.*", numpy, "ml_dtypes>=0.5.1,<0.6", "h5py<3.15",
-    if (demo) "scikit-learn", core_requirement, extra_packages)
+  c(core_requirement, extra_packages)
 }
 
-#' Where the multigpu Python source is.
+#' Stops where TensorFlow 2.21 has no build (macOS on Intel).
 #' @noRd
-find_core_source <- function(core = NULL, wd = getwd(), call = caller_call()) {
+check_platform_has_tensorflow <- function(sysname = Sys.info()[["sysname"]],
+                                          machine = Sys.info()[["machine"]],
+                                          call = caller_call()) {
+  if (identical(sysname, "Darwin") && machine %in% c("x86_64", "i386")) {
+    multigpu_abort(paste(
+      "TensorFlow 2.21 has no build for macOS on Intel (x86_64): its last",
+      "Intel-Mac release was 2.16, and multigpu needs 2.21. Use a Mac with",
+      "Apple silicon, Linux or Windows."
+    ), class = "multigpu_install_error", call = call)
+  }
+  invisible(TRUE)
+}
+
+#' The multigpu Python source this R package carries (inst/python).
+#' @noRd
+bundled_core <- function() {
+  system.file("python", package = "multigpu")
+}
+
+#' A temporary copy of a core source directory, with what pip needs.
+#' @noRd
+copy_core_source <- function(dir) {
+  target <- file.path(tempfile("multigpu-core-"), "multigpu")
+  dir.create(file.path(target, "python"), recursive = TRUE)
+  file.copy(file.path(dir, c("pyproject.toml", "README.md")), target)
+  file.copy(file.path(dir, "python", "multigpu"), file.path(target, "python"),
+            recursive = TRUE)
+  unlink(list.files(target, "^__pycache__$|\\.egg-info$", recursive = TRUE,
+                    include.dirs = TRUE, full.names = TRUE, all.files = TRUE),
+         recursive = TRUE)
+  target
+}
+
+#' Where the multigpu Python source is: `core`, else MULTIGPU_CORE, else the
+#' copy this R package carries.
+#' @noRd
+find_core_source <- function(core = NULL, call = caller_call()) {
   if (!is.null(core)) {
     core <- as_path(core, "core", call = call)
     requirement <- grepl("@|://", core)
@@ -103,13 +152,13 @@ find_core_source <- function(core = NULL, wd = getwd(), call = caller_call()) {
       (grepl("[/\\\\]", core) || grepl("\\.whl$", core))
     if (looks_like_path && !file.exists(core)) {
       multigpu_abort(sprintf(
-        "`core` does not exist: %s. Pass the multigpu checkout (the directory holding pyproject.toml), a wheel file, or a pip requirement.",
+        "`core` does not exist: %s. Pass NULL (the Python package this R package carries), a directory holding the multigpu pyproject.toml, a wheel file, or a pip requirement.",
         core
       ), call = call)
     }
     if (dir.exists(core) && !is_core_checkout(core)) {
       multigpu_abort(sprintf(
-        "`core` is a directory without the multigpu pyproject.toml: %s. Pass the multigpu checkout (the directory holding pyproject.toml and python/multigpu).",
+        "`core` is a directory without the multigpu pyproject.toml: %s. Pass NULL (the Python package this R package carries) or the directory holding pyproject.toml and python/multigpu.",
         core
       ), call = call)
     }
@@ -117,25 +166,21 @@ find_core_source <- function(core = NULL, wd = getwd(), call = caller_call()) {
   }
   variable <- Sys.getenv("MULTIGPU_CORE")
   if (nzchar(variable)) return(find_core_source(variable, call = call))
-  dir <- normalizePath(wd, mustWork = FALSE)
-  repeat {
-    if (is_core_checkout(dir)) return(dir)
-    parent <- dirname(dir)
-    if (identical(parent, dir)) break
-    dir <- parent
+  bundled <- bundled_core()
+  if (!is_core_checkout(bundled)) {
+    multigpu_abort(paste(
+      "This multigpu R package carries no Python package (inst/python is",
+      "missing: it was not built with R CMD build from the repository).",
+      "Reinstall it from its tarball or repository, or pass core =",
+      "\"/path/to/multigpu\" (a checkout of the repository) or a wheel file."
+    ), class = "multigpu_install_error", call = call)
   }
-  multigpu_abort(paste(
-    "Cannot find the multigpu Python source: `core` is NULL, MULTIGPU_CORE",
-    "is not set, and neither the working directory nor its parents hold the",
-    "multigpu pyproject.toml. Pass core = \"/path/to/multigpu\" (a checkout",
-    "of the repository) or a wheel file, or run install_multigpu() from",
-    "inside the checkout."
-  ), call = call)
+  bundled
 }
 
 is_core_checkout <- function(dir) {
   pyproject <- file.path(dir, "pyproject.toml")
-  file.exists(pyproject) &&
+  nzchar(dir) && file.exists(pyproject) &&
     any(grepl("^name\\s*=\\s*\"multigpu\"", readLines(pyproject, warn = FALSE)))
 }
 
@@ -149,17 +194,20 @@ base_python <- function(python = NULL, call = caller_call()) {
   }
   if (is.na(python) || !file.exists(python)) {
     multigpu_abort(sprintf(
-      "No Python to create the environment with: %s. Install Python 3.10 to 3.13, or pass python = \"/path/to/python3\".",
-      if (is.na(python)) "python3 is not on the PATH" else paste(python, "does not exist")
+      "No Python to create the environment with: %s. Install Python %s, or pass python = \"/path/to/python3\".",
+      if (is.na(python)) "python3 is not on the PATH" else paste(python, "does not exist"),
+      core_python_range()$text
     ), class = "multigpu_install_error", call = call)
   }
   versions <- probe_python(python)
   version <- if (is.null(names(versions))) NA else
     numeric_version(versions[["python"]], strict = FALSE)
-  if (is.na(version) || version < "3.10" || version >= "3.14") {
+  supported <- core_python_range()
+  if (is.na(version) || version < supported$min || version >= supported$below) {
     multigpu_abort(sprintf(
-      "The Python %s is %s; TensorFlow 2.21 needs Python 3.10 to 3.13. Pass python = \"/path/to/python3.11\" (or another supported version).",
-      python, if (is.na(version)) "not runnable" else paste("version", version)
+      "The Python %s is %s; TensorFlow 2.21 needs Python %s. Pass python = \"/path/to/python3.11\" (or another supported version).",
+      python, if (is.na(version)) "not runnable" else paste("version", version),
+      supported$text
     ), class = "multigpu_install_error", call = call)
   }
   list(python = python, version = versions[["python"]])
@@ -177,7 +225,13 @@ run_command <- function(command, args, what, call = caller_call()) {
 }
 
 after_install_note <- function(env_python) {
-  current <- .globals$choice %||% find_python()
+  # Until Python starts, the next session applies the rules afresh (the
+  # new environment may be the one they find now).
+  current <- if (reticulate::py_available(initialize = FALSE)) {
+    .globals$choice %||% find_python()
+  } else {
+    find_python()
+  }
   chosen <- current$python
   # Compare the environments, not the executables: a virtual environment's
   # python is a symbolic link to its base Python.

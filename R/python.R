@@ -30,7 +30,8 @@
 #' missing or incompatible, signals a `multigpu_unavailable_error` that says
 #' what is wrong and how to fix it: no Python at the chosen path, Python
 #' outside 3.10-3.13, TensorFlow, Keras 3 or the multigpu Python package
-#' missing, or NumPy 2 with reticulate < 1.38 (which only works with
+#' missing or of another version than the R package (then the error is also
+#' a `multigpu_version_error`), or NumPy 2 with reticulate < 1.38 (which only works with
 #' NumPy < 2).
 #'
 #' @returns `multigpu_config()`: a list of class `multigpu_config` with
@@ -49,7 +50,7 @@ multigpu_config <- function() {
   structure(
     list(python = status$python, source = status$source,
          versions = status$versions, available = is.null(status$problem),
-         problem = status$problem),
+         problem = if (!is.null(status$problem)) as.character(status$problem)),
     class = "multigpu_config"
   )
 }
@@ -176,7 +177,17 @@ probe_code <- paste(
   "print('numpy=' + v('numpy', ['numpy']))",
   "print('tensorflow=' + v('tensorflow', ['tensorflow', 'tensorflow-cpu', 'tensorflow-intel', 'tensorflow-macos', 'tf-nightly', 'tf-nightly-cpu']))",
   "print('keras=' + v('keras', ['keras', 'keras-nightly']))",
-  "print('multigpu=' + v('multigpu', ['multigpu']))",
+  # The version of the multigpu module Python imports (on PYTHONPATH or
+  # installed), read from its source: its __version__ line.
+  "def core_version():",
+  "    import re",
+  "    try: spec = importlib.util.find_spec('multigpu')",
+  "    except Exception: return ''",
+  "    if spec is None or not spec.origin: return ''",
+  "    with open(spec.origin, encoding='utf-8') as f: text = f.read()",
+  "    found = re.search(r'^__version__ = [\"\\']([^\"\\']+)', text, re.M)",
+  "    return found.group(1) if found else 'unknown'",
+  "print('multigpu=' + core_version())",
   sep = "\n"
 )
 
@@ -224,19 +235,36 @@ probe_python <- function(python) {
 
 fix_text <- paste0(
   "Fix: run multigpu::install_multigpu() and restart R (it creates the ",
-  "'r-multigpu' environment with TensorFlow 2.21, Keras 3, NumPy < 2 and ",
-  "the multigpu Python package, which multigpu then finds by itself), or ",
+  "'r-multigpu' environment with TensorFlow 2.21, Keras 3 and the ",
+  "multigpu Python package, which multigpu then finds by itself), or ",
   "point R at a Python that has them with ",
   "Sys.setenv(MULTIGPU_PYTHON = \"/path/to/python\") before ",
   "library(multigpu)."
 )
+
+#' The Python versions the core supports, read from its pyproject.toml
+#' (`requires-python = ">=3.10,<3.14"`), where they are written once.
+#'
+#' @returns A list: `min` and `below` (`numeric_version`s) and `text`
+#'   (`"3.10 to 3.13"`).
+#' @noRd
+core_python_range <- function(pyproject = file.path(bundled_core(), "pyproject.toml")) {
+  lines <- readLines(pyproject, warn = FALSE)
+  line <- grep("^requires-python\\s*=", lines, value = TRUE)[[1]]
+  min <- sub(".*>=\\s*([0-9.]+).*", "\\1", line)
+  below <- numeric_version(sub(".*<\\s*([0-9.]+).*", "\\1", line))
+  last <- sprintf("%s.%d", below[[1, 1]], below[[1, 2]] - 1L)
+  list(min = numeric_version(min), below = below,
+       text = sprintf("%s to %s", min, last))
+}
 
 #' What is wrong with a Python for multigpu, or NULL when nothing is.
 #'
 #' @param versions The result of `probe_python()`.
 #' @noRd
 diagnose <- function(python, source, versions,
-                     reticulate_version = utils::packageVersion("reticulate")) {
+                     reticulate_version = utils::packageVersion("reticulate"),
+                     r_package_version = as.character(utils::packageVersion("multigpu"))) {
   where <- sprintf("(chosen by %s)", source)
   if (is.null(python) || !nzchar(python)) {
     return(sprintf("No Python was found for multigpu %s. %s", where,
@@ -251,10 +279,11 @@ diagnose <- function(python, source, versions,
                    python, where, versions, fix_text))
   }
   version <- numeric_version(versions[["python"]], strict = FALSE)
-  if (is.na(version) || version < "3.10" || version >= "3.14") {
+  supported <- core_python_range()
+  if (is.na(version) || version < supported$min || version >= supported$below) {
     return(sprintf(
-      "The Python %s %s is version %s; multigpu needs Python 3.10 to 3.13 (TensorFlow 2.21 supports no other). %s",
-      python, where, versions[["python"]], fix_text
+      "The Python %s %s is version %s; multigpu needs Python %s (TensorFlow 2.21 supports no other). %s",
+      python, where, versions[["python"]], supported$text, fix_text
     ))
   }
   numpy <- versions[["numpy"]]
@@ -268,11 +297,10 @@ diagnose <- function(python, source, versions,
     return(sprintf(paste(
       "NumPy %s is installed in the Python %s %s, but reticulate %s",
       "(the R-Python bridge of this R) only works with NumPy < 2; NumPy 2",
-      "needs reticulate >= 1.38. Fix: in that environment run",
-      "`%s -m pip install \"numpy>=1.26,<2\" \"ml_dtypes<0.6\"`, or run",
-      "multigpu::install_multigpu() (which pins them) and restart R; or",
+      "needs reticulate >= 1.38. Fix: run multigpu::install_multigpu()",
+      "(which installs NumPy < 2 for this reticulate) and restart R, or",
       "upgrade reticulate to 1.38 or later."
-    ), numpy, python, where, reticulate_version, python))
+    ), numpy, python, where, reticulate_version))
   }
   if (is.na(versions[["tensorflow"]])) {
     return(sprintf("TensorFlow is not installed in the Python %s %s. %s",
@@ -293,6 +321,15 @@ diagnose <- function(python, source, versions,
       "The multigpu Python package is not installed in the Python %s %s. %s",
       python, where, fix_text
     ))
+  }
+  if (!identical(versions[["multigpu"]], r_package_version)) {
+    return(structure(sprintf(paste(
+      "The Python %s %s has the multigpu Python package %s, but this R",
+      "package is multigpu %s: the two must be the same version. Fix: run",
+      "multigpu::install_multigpu() (it installs the Python package this R",
+      "package carries) and restart R."
+    ), python, where, versions[["multigpu"]], r_package_version),
+    class = "multigpu_version_mismatch"))
   }
   NULL
 }
@@ -343,8 +380,13 @@ core <- function(call = caller_call()) {
   if (!isTRUE(.globals$ready)) {
     status <- python_status()
     if (!is.null(status$problem)) {
-      multigpu_abort(status$problem, class = "multigpu_unavailable_error",
-                     call = call)
+      multigpu_abort(
+        as.character(status$problem),
+        class = c(if (inherits(status$problem, "multigpu_version_mismatch"))
+                    "multigpu_version_error",
+                  "multigpu_unavailable_error"),
+        call = call
+      )
     }
     tryCatch(
       reticulate::import("multigpu"),

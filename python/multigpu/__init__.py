@@ -4,6 +4,22 @@
 batch between them; `virtual_devices` simulates several devices on one.
 """
 
+try:
+    import tensorflow  # noqa: F401
+except ModuleNotFoundError as error:
+    if error.name != "tensorflow":
+        raise
+    # TensorFlow comes from an extra (its CPU and GPU builds are different
+    # distributions of one import): say which, as Keras does for a backend.
+    raise ModuleNotFoundError(
+        "multigpu needs TensorFlow 2.21, which is not installed in this "
+        "Python. Install multigpu with the extra for your hardware: "
+        "`pip install \"multigpu[cpu]\"` (CPU only) or "
+        "`pip install \"multigpu[gpu]\"` (NVIDIA GPUs, Linux); from a "
+        "checkout, `pip install -e \".[cpu]\"` or `pip install -e \".[gpu]\"`.",
+        name="tensorflow",
+    ) from error
+
 from multigpu.devices import available_devices
 from multigpu.devices import canonical_device_name
 from multigpu.devices import resolve_devices

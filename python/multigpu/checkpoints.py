@@ -93,9 +93,9 @@ def _check_save_freq(save_freq):
     ) and save_freq >= 1:
         return int(save_freq)
     raise ValueError(
-        f"Invalid `save_freq`: received {literal(save_freq)}; expected "
-        '"epoch" (checkpoint at the end of every epoch) or an int >= 1 '
-        "(checkpoint every that many batches)."
+        f"Invalid `save_freq`: received {literal(save_freq)}; expected {literal('epoch')} "
+        "(checkpoint at the end of every epoch) or an int >= 1 (checkpoint "
+        "every that many batches)."
     )
 
 

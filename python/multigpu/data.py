@@ -19,6 +19,7 @@ import tensorflow as tf
 from multigpu.messages import api
 from multigpu.messages import literal
 from multigpu.messages import literals
+from multigpu.messages import setting
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,
@@ -120,10 +121,10 @@ def num_replicas(strategy=None):
         return len(devices)
     raise TypeError(
         f"Invalid `strategy`: received an object of type "
-        f"{type(strategy).__name__}; expected None (the strategy whose scope "
+        f"{type(strategy).__name__}; expected {literal(None)} (the strategy whose scope "
         "is open), a tf.distribute.Strategy such as "
-        "multigpu.mirrored_strategy(), or a model made by "
-        "multigpu.multi_gpu_model."
+        f"{api('mirrored_strategy')}, or a model made by "
+        f"{api('multi_gpu_model', '...')}."
     )
 
 
@@ -152,7 +153,7 @@ def _from_arrays(x, y):
         if y is not None:
             raise ValueError(
                 "Invalid `y`: received an array but `x` is a tf.data.Dataset, "
-                "which must yield (features, targets) itself; pass y=None."
+                f"which must yield (features, targets) itself; pass {setting('y', None)}."
             )
         if type(x).__name__ in _BATCHED:
             raise ValueError(
@@ -170,7 +171,7 @@ def _from_arrays(x, y):
         return x, cardinality if cardinality >= 0 else None
     if x is None:
         raise ValueError(
-            "Invalid `x`: received None; expected numpy arrays (or a dict or "
+            f"Invalid `x`: received {literal(None)}; expected numpy arrays (or a dict or "
             "list of them) or a tf.data.Dataset of single examples."
         )
     arrays = x if y is None else (x, y)
@@ -201,13 +202,13 @@ def _cached(dataset, cache):
         if not os.path.isdir(parent):
             raise ValueError(
                 f"Invalid `cache`: received {literal(cache)}, but its directory "
-                f"{parent!r} does not exist. Create it first, or use "
-                "cache='memory'."
+                f"{literal(parent)} does not exist. Create it first, or use "
+                f"{setting('cache', 'memory')}."
             )
         return dataset.cache(path)
     raise ValueError(
-        f"Invalid `cache`: received {literal(cache)}; expected None (no cache), "
-        "'memory', or a file path prefix for an on-disk cache."
+        f"Invalid `cache`: received {literal(cache)}; expected {literal(None)} (no cache), "
+        f"{literal('memory')}, or a file path prefix for an on-disk cache."
     )
 
 
@@ -242,9 +243,9 @@ def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
     if shuffle_buffer is None:
         if rows is None:
             raise ValueError(
-                "Invalid `shuffle_buffer`: received None, but the dataset's "
+                f"Invalid `shuffle_buffer`: received {literal(None)}, but the dataset's "
                 "size is unknown (or infinite), so no full-shuffle buffer "
-                "size can be chosen. Pass shuffle_buffer=... (e.g. 10000)."
+                f"size can be chosen. Pass {setting('shuffle_buffer', 10000)} (for example)."
             )
         shuffle_buffer = max(rows, 1)
     shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
@@ -322,7 +323,7 @@ def _warn_small_remainder(rows, batch, replicas, drop_remainder):
         warnings.warn(
             f"The final batch has {remainder} row(s), fewer than the "
             f"{replicas} replicas: {replicas - remainder} replica(s) get an "
-            "empty sub-batch in that step. Pass drop_remainder=True to skip "
+            f"empty sub-batch in that step. Pass {setting('drop_remainder', True)} to skip "
             "it, or a per_replica_batch_size that divides the data.",
             UserWarning, stacklevel=3,
         )
@@ -427,7 +428,7 @@ def distributed_dataset(
     if policy is None:
         raise ValueError(
             f"Invalid `shard_policy`: received {literal(shard_policy)}; expected "
-            f"one of {list(_SHARD_POLICIES)}."
+            f"one of {literals(list(_SHARD_POLICIES))}."
         )
     prefetch = check_flag("prefetch", prefetch)
     drop_remainder = check_flag("drop_remainder", drop_remainder)
@@ -437,10 +438,10 @@ def distributed_dataset(
         strategy, tf.distribute.MultiWorkerMirroredStrategy
     ):
         warnings.warn(
-            "shuffle=True without a seed under MultiWorkerMirroredStrategy: "
+            f"{setting('shuffle', True)} without a seed under MultiWorkerMirroredStrategy: "
             "each worker shuffles differently and keeps its share of a "
             "different order, so some rows are seen twice per epoch and "
-            "others never. Pass the same seed=... on every worker.",
+            "others never. Pass the same seed on every worker.",
             UserWarning, stacklevel=2,
         )
     dataset, rows = _from_arrays(x, y)

@@ -11,6 +11,7 @@ import sys
 import warnings
 
 import tensorflow as tf
+from multigpu.messages import api, literal, literals, setting
 
 from multigpu.messages import api
 from multigpu.messages import literal
@@ -25,12 +26,11 @@ _DEVICE_NAME = re.compile(
     r"/?(?:device:)?(?P<type>cpu|gpu|tpu):(?P<index>\d+)$",
     re.IGNORECASE,
 )
-_EXPECTED = (
-    "expected None (every GPU, or every logical CPU device when there is no "
-    "GPU), an int >= 2 (that many devices), a list of >= 2 distinct GPU ids "
-    "such as [0, 1], or a list of >= 2 distinct device names such as "
-    "['/gpu:0', '/gpu:1'] or ['/cpu:0', '/cpu:1']"
-)
+def _expected():
+    return (f"expected {literal(None)} (every GPU, or every logical CPU device when there is no "
+    f"GPU), an int >= 2 (that many devices), a list of >= 2 distinct GPU ids "
+    f"such as {literal([0, 1])}, or a list of >= 2 distinct device names such as "
+    f"{literal(['/gpu:0', '/gpu:1'])} or {literal(['/cpu:0', '/cpu:1'])}")
 _warned = set()
 
 
@@ -93,8 +93,8 @@ def canonical_device_name(name):
     match = _DEVICE_NAME.match(name.strip()) if isinstance(name, str) else None
     if match is None:
         raise ValueError(
-            f"Device name {name!r} is not a local device name; expected a name "
-            "such as '/gpu:0', '/cpu:1' or '/device:GPU:2'."
+            f"Device name {literal(name)} is not a local device name; expected a name "
+            f"such as {literals(['/gpu:0', '/cpu:1', '/device:GPU:2'])}."
         )
     return f"/device:{match['type'].upper()}:{int(match['index'])}"
 
@@ -109,8 +109,8 @@ def _is_int(value):
 def _invalid(gpus, problem, machine, fix=""):
     fix = f" {fix}" if fix else ""
     return ValueError(
-        f"Invalid `gpus`/`devices` argument: received {gpus!r}. {problem} "
-        f"{_EXPECTED[0].upper()}{_EXPECTED[1:]}. {describe_machine(machine)}"
+        f"Invalid `gpus`/`devices` argument: received {literal(gpus)}. {problem} "
+        f"{_expected()[0].upper()}{_expected()[1:]}. {describe_machine(machine)}"
         f"{fix}"
     )
 
@@ -123,7 +123,7 @@ def _default_devices(machine):
         _warn_once(
             "cpu-fallback",
             f"No GPU found: using the {len(chosen)} logical CPU devices "
-            f"{chosen}.",
+            f"{literal(chosen)}.",
         )
     else:
         chosen = machine["CPU"][:1]
@@ -131,7 +131,7 @@ def _default_devices(machine):
         _warn_once(
             f"single-{chosen[0]}",
             f"Only one device ({chosen[0]}) is available: the model runs on it "
-            "without data parallelism. Call multigpu.virtual_devices(n) at "
+            f"without data parallelism. Call {api('virtual_devices', 'n')} at "
             "start-up to simulate n devices.",
         )
     return list(chosen)
@@ -141,7 +141,7 @@ def _devices_by_count(count, gpus, machine):
     if count < 2:
         raise _invalid(
             gpus, f"A device count must be >= 2, not {count}.", machine,
-            "For a single device use the model itself, or gpus=None to "
+            f"For a single device use the model itself, or {setting('gpus', None)} to "
             "run on whatever is available.",
         )
     pool = machine["GPU"] or machine["CPU"]
@@ -150,7 +150,7 @@ def _devices_by_count(count, gpus, machine):
         raise _invalid(
             gpus, f"{count} devices were asked for but only {len(pool)} "
             f"{kind}(s) exist.", machine,
-            "Ask for fewer, or call multigpu.virtual_devices(n) before "
+            f"Ask for fewer, or call {api('virtual_devices', 'n')} before "
             "TensorFlow starts to simulate more CPU devices.",
         )
     if not machine["GPU"]:
@@ -166,13 +166,13 @@ def _devices_by_ids(ids, gpus, machine):
     if not gpu_names:
         raise _invalid(
             gpus, "GPU ids were given but this machine has no GPU.", machine,
-            "Use a count (gpus=2) or CPU device names "
-            "(gpus=['/cpu:0', '/cpu:1']) instead.",
+            f"Use a count ({setting('gpus', 2)}) or CPU device names "
+            f"({setting('gpus', ['/cpu:0', '/cpu:1'])}) instead.",
         )
     bad = [i for i in ids if not 0 <= int(i) < len(gpu_names)]
     if bad:
         raise _invalid(
-            gpus, f"GPU id(s) {bad} are out of range 0..{len(gpu_names) - 1}.",
+            gpus, f"GPU id(s) {literal(bad)} are out of range 0..{len(gpu_names) - 1}.",
             machine,
         )
     return [gpu_names[int(i)] for i in ids]
@@ -186,7 +186,7 @@ def _devices_by_names(names, gpus, machine):
     known = set(machine["GPU"]) | set(machine["CPU"])
     unknown = [n for n, c in zip(names, canonical) if c not in known]
     if unknown:
-        raise _invalid(gpus, f"Unknown device(s) {unknown}.", machine)
+        raise _invalid(gpus, f"Unknown device(s) {literal(unknown)}.", machine)
     return canonical
 
 
@@ -223,7 +223,7 @@ def resolve_devices(gpus=None):
     if isinstance(gpus, str):
         raise _invalid(
             gpus, "A single device name is not a device set.", machine,
-            f"Pass a list of names, e.g. [{gpus!r}, ...].",
+            f"Pass a list of at least 2 names including {literal(gpus)}.",
         )
     if not isinstance(gpus, (list, tuple)):
         raise _invalid(
@@ -242,7 +242,7 @@ def resolve_devices(gpus=None):
     else:
         junk = [g for g in gpus if not (_is_int(g) or isinstance(g, str))]
         problem = (
-            f"Entries {junk} are neither GPU ids nor device names."
+            f"Entries {literal(junk)} are neither GPU ids nor device names."
             if junk else "The list mixes GPU ids and device names."
         )
         raise _invalid(
@@ -252,7 +252,7 @@ def resolve_devices(gpus=None):
     duplicates = sorted({d for d in devices if devices.count(d) > 1})
     if duplicates:
         raise _invalid(
-            gpus, f"Device(s) {duplicates} appear more than once.", machine,
+            gpus, f"Device(s) {literal(duplicates)} appear more than once.", machine,
         )
     return devices
 
@@ -295,7 +295,7 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     """
     if not _is_int(n) or int(n) < 1:
         raise ValueError(
-            f"Invalid `n`: received {n!r}; expected an int >= 1 (the number "
+            f"Invalid `n`: received {literal(n)}; expected an int >= 1 (the number "
             "of logical devices to create)."
         )
     n = int(n)
@@ -303,38 +303,38 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
         "CPU", "GPU"
     ):
         raise ValueError(
-            f"Invalid `device_type`: received {device_type!r}; expected "
-            "'CPU' or 'GPU'."
+            f"Invalid `device_type`: received {literal(device_type)}; expected "
+            f"{literals(['CPU', 'GPU'])}."
         )
     device_type = device_type.upper()
     if device_type == "CPU" and memory_limit is not None:
         raise ValueError(
-            f"Invalid `memory_limit`: received {memory_limit!r} for CPU "
-            "devices; memory_limit applies to GPUs only, leave it None."
+            f"Invalid `memory_limit`: received {literal(memory_limit)} for CPU "
+            f"devices; memory_limit applies to GPUs only, leave it {literal(None)}."
         )
     if threads is not None and (not _is_int(threads) or int(threads) < 0):
         raise ValueError(
-            f"Invalid `threads`: received {threads!r}; expected None (each "
+            f"Invalid `threads`: received {literal(threads)}; expected {literal(None)} (each "
             "logical CPU device gets its share of the cores), an int >= 1 "
             "(threads per device) or 0 (TensorFlow's one shared pool)."
         )
     if device_type == "GPU" and threads is not None:
         raise ValueError(
-            f"Invalid `threads`: received {threads!r} for GPU devices; "
-            "threads applies to logical CPU devices only, leave it None."
+            f"Invalid `threads`: received {literal(threads)} for GPU devices; "
+            f"threads applies to logical CPU devices only, leave it {literal(None)}."
         )
     if device_type == "GPU" and (
         not _is_int(memory_limit) or int(memory_limit) <= 0
     ):
         raise ValueError(
-            f"Invalid `memory_limit`: received {memory_limit!r}; splitting a "
+            f"Invalid `memory_limit`: received {literal(memory_limit)}; splitting a "
             "GPU needs the memory of each logical GPU in MiB, e.g. "
-            "memory_limit=4096."
+            f"{setting('memory_limit', 4096)}."
         )
     physical = tf.config.list_physical_devices(device_type)
     if not physical:
         raise ValueError(
-            f"Invalid `device_type`: received {device_type!r} but this "
+            f"Invalid `device_type`: received {literal(device_type)} but this "
             f"machine has no physical {device_type}."
         )
     limit = None if memory_limit is None else int(memory_limit)
@@ -350,11 +350,11 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     except RuntimeError:
         have = len(current) or 1
         raise RuntimeError(
-            f"virtual_devices({n}) came too late: TensorFlow already "
+            f"{api('virtual_devices', n)} came too late: TensorFlow already "
             f"initialised its devices, with {have} logical {device_type} "
             f"device(s) on {physical[0].name}. Logical devices can only be "
             "configured before TensorFlow starts: call "
-            "multigpu.virtual_devices() first thing in the program (before "
+            f"{api('virtual_devices', 'n')} first thing in the program (before "
             "building a model or running any op); in R, call "
             "virtual_devices() right after library(multigpu), or restart the "
             "R session."

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu import strategy as strategy_lib
+from multigpu.messages import api, literal, setting
 
 
 def _check_model(model):
@@ -24,7 +25,7 @@ def _check_model(model):
         )
     if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ValueError(
-            f"Invalid `model`: {model.name!r} is not compiled. Call "
+            f"Invalid `model`: {literal(model.name)} is not compiled. Call "
             "model.compile(optimizer=..., loss=..., metrics=...) inside the "
             "strategy's scope first: fit_distributed trains with the "
             "compiled optimizer, loss and metrics."
@@ -76,8 +77,8 @@ def _distribute(dataset, strategy):
         raise TypeError(
             f"Invalid `dataset`: received an object of type "
             f"{type(dataset).__name__}; expected a tf.data.Dataset batched at "
-            "the global batch size, e.g. multigpu.distributed_dataset(x, y, "
-            "per_replica_batch_size=64, strategy=strategy)."
+            "the global batch size, e.g. "
+            f"{api('distributed_dataset', 'x, y, ' + setting('per_replica_batch_size', 64))}."
         )
     steps = int(dataset.cardinality())
     if steps == 0:
@@ -91,7 +92,7 @@ def _check_epochs(epochs):
         epochs < 0
     ):
         raise ValueError(
-            f"Invalid `epochs`: received {epochs!r}; expected an int >= 0."
+            f"Invalid `epochs`: received {literal(epochs)}; expected an int >= 0."
         )
     return int(epochs)
 

@@ -5,16 +5,18 @@ package, by R users. A message names the value it received and the fix; both
 must read in the user's language: `None`/`True`/`['/gpu:0', '/gpu:1']` and
 `multigpu.virtual_devices(n)` for Python, `NULL`/`TRUE`/`c("/gpu:0",
 "/gpu:1")` and `virtual_devices(n)` for R. Messages are written once, with
-`literal()` for every value and `api()` for every function a user calls; the
+`literal()` for every value, `setting()` for an argument set to a value
+(`engine='mirrored'` / `engine = "mirrored"`) and `api()` for every
+function a user calls; the
 R package runs each call to the core inside `language("r")`, so the same
 message is rendered in R there.
 
 Example:
->>> f"Invalid `gpus`: received {literal([0])}; expected {literal(None)}."
-'Invalid `gpus`: received [0]; expected None.'
+>>> f"Invalid `gpus`: received {literal([0, 1])}; expected {literal(None)}."
+'Invalid `gpus`: received [0, 1]; expected None.'
 >>> with language("r"):
-...     f"Invalid `gpus`: received {literal([0])}; expected {literal(None)}."
-'Invalid `gpus`: received c(0); expected NULL.'
+...     f"Invalid `gpus`: received {literal([0, 1])}; expected {literal(None)}."
+'Invalid `gpus`: received c(0, 1); expected NULL.'
 """
 
 import contextlib
@@ -86,8 +88,8 @@ def literal(value):
 
     Python: `repr(value)`, NumPy scalars as the Python value they hold. R:
     `NULL`, `TRUE`/`FALSE`, `NA`, `NaN`, `Inf`, numbers without an `L`,
-    strings in double quotes, a list of scalars of one kind as `c(...)`,
-    anything else in a list as `list(...)`, a dict as `list(name = ...)`.
+    strings in double quotes, a list of two or more scalars of one kind as
+    `c(...)`, anything else in a list as `list(...)`, a dict as `list(name = ...)`.
 
     Args:
         value: Any value.
@@ -116,6 +118,20 @@ def literals(values, conjunction="or"):
     if len(rendered) <= 2:
         return f" {conjunction} ".join(rendered)
     return ", ".join(rendered[:-1]) + f", {conjunction} " + rendered[-1]
+
+
+def setting(name, value):
+    """An argument set to a value, as the current language writes it.
+
+    Python: `engine='mirrored'`; R: `engine = "mirrored"`.
+
+    Example:
+    >>> setting("cpu_merge", False)
+    'cpu_merge=False'
+    """
+    if current_language() == "r":
+        return f"{name} = {literal(value)}"
+    return f"{name}={literal(value)}"
 
 
 def api(function, arguments=""):
@@ -175,7 +191,8 @@ def _r_literal(value):
     if isinstance(value, (list, tuple)):
         items = [_plain(v) for v in value]
         kinds = {_r_kind(v) for v in items}
-        if items and len(kinds) == 1 and None not in kinds:
+        # One element stays a list: in R, c(3) is the number 3.
+        if len(items) >= 2 and len(kinds) == 1 and None not in kinds:
             return "c(" + ", ".join(_r_scalar(v) for v in items) + ")"
         return "list(" + ", ".join(_r_literal(v) for v in items) + ")"
     return f"<{type(value).__name__}>"

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from multigpu import saving
 from multigpu import strategy as strategy_lib
+from multigpu.messages import literal, literals, setting
 
 ENGINES = ("replicate", "mirrored")
 # bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
@@ -58,16 +59,16 @@ def check_engine(engine, cpu_merge=True):
     """
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
-            f"Invalid `engine`: received {engine!r}; expected one of "
-            f"{list(ENGINES)}: 'replicate' slices every batch between "
-            "replicas of one model, 'mirrored' trains through "
+            f"Invalid `engine`: received {literal(engine)}; expected one of "
+            f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
+            f"replicas of one model, {literal('mirrored')} trains through "
             "tf.distribute.MirroredStrategy."
         )
     if engine == "mirrored" and cpu_merge is False:
         raise ValueError(
-            "Invalid `cpu_merge`: received False with engine='mirrored'. "
+            f"Invalid `cpu_merge`: received {literal(False)} with {setting('engine', 'mirrored')}. "
             "cpu_merge places the merge of replica outputs, which only "
-            "engine='replicate' has; leave cpu_merge=True."
+            f"{setting('engine', 'replicate')} has; leave {setting('cpu_merge', True)}."
         )
     return engine
 
@@ -107,9 +108,9 @@ def _check_same_weights(template, replica):
     ]
     if mismatched or len(template.weights) != len(replica.weights):
         raise ValueError(
-            f"Invalid `model` for engine='mirrored': {template.name!r} cannot "
+            f"Invalid `model` for {setting('engine', 'mirrored')}: {literal(template.name)} cannot "
             f"be copied weight for weight ({mismatched[:3]}). Use "
-            "engine='replicate', which needs no copy."
+            f"{setting('engine', 'replicate')}, which needs no copy."
         )
 
 
@@ -152,9 +153,9 @@ class MirroredModel(keras.Model):
                 replica = keras.models.clone_model(template)
             except ValueError as error:
                 raise ValueError(
-                    f"Invalid `model` for engine='mirrored': "
-                    f"{template.name!r} cannot be cloned ({error}). Use "
-                    "engine='replicate', which needs no copy."
+                    f"Invalid `model` for {setting('engine', 'mirrored')}: "
+                    f"{literal(template.name)} cannot be cloned ({error}). Use "
+                    f"{setting('engine', 'replicate')}, which needs no copy."
                 ) from None
             _check_same_weights(template, replica)
             replica.set_weights(template.get_weights())
@@ -236,7 +237,7 @@ class MirroredModel(keras.Model):
             raise ValueError(
                 f"Invalid `optimizer`: received a {type(optimizer).__name__} "
                 "that was already used (built) for other variables. Pass a "
-                "new optimizer instance, or its name, e.g. optimizer='adam'."
+                f"new optimizer instance, or its name, e.g. {setting('optimizer', 'adam')}."
             )
         return keras.optimizers.deserialize(
             keras.optimizers.serialize(optimizer))

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import replicas
+from multigpu.messages import literal, setting
 
 HOST_DEVICE = replicas.HOST_DEVICE
 _MAX_NAMES_SHOWN = 30
@@ -129,7 +130,7 @@ def _names_hint(layers):
     names = [layer.name for layer in layers]
     shown = names[:_MAX_NAMES_SHOWN]
     more = f" ... ({len(names) - len(shown)} more)" if len(names) > len(shown) else ""
-    return f"{shown}{more}"
+    return f"{literal(shown)}{more}"
 
 
 def _position(model, layers, entry):
@@ -141,34 +142,34 @@ def _position(model, layers, entry):
         owner = _nested_owner(model, entry)
         if owner is not None:
             raise ValueError(
-                f"Invalid `split`: layer {entry!r} is inside the nested "
-                f"model/layer {owner!r}, which is one layer of "
-                f"{model.name!r} and cannot be cut inside. Start a stage at "
-                f"{owner!r} or at a layer after it, or build the model from "
+                f"Invalid `split`: layer {literal(entry)} is inside the nested "
+                f"model/layer {literal(owner)}, which is one layer of "
+                f"{literal(model.name)} and cannot be cut inside. Start a stage at "
+                f"{literal(owner)} or at a layer after it, or build the model from "
                 "the nested model's layers."
             )
         raise ValueError(
-            f"Invalid `split`: unknown layer name {entry!r}. The layers of "
-            f"{model.name!r} are {_names_hint(layers)}."
+            f"Invalid `split`: unknown layer name {literal(entry)}. The layers of "
+            f"{literal(model.name)} are {_names_hint(layers)}."
         )
     if devices_lib._is_int(entry):
         index = int(entry)
         if not -len(model.layers) <= index < len(model.layers):
             raise ValueError(
                 f"Invalid `split`: layer index {index} is out of range for "
-                f"{model.name!r}, whose `model.layers` has "
+                f"{literal(model.name)}, whose `model.layers` has "
                 f"{len(model.layers)} entries."
             )
         layer = model.layers[index]
         if isinstance(layer, keras.layers.InputLayer):
             raise ValueError(
                 f"Invalid `split`: model.layers[{index}] is the input "
-                f"{layer.name!r}; stages start at computing layers. "
+                f"{literal(layer.name)}; stages start at computing layers. "
                 f"Use one of {_names_hint(layers)}."
             )
         return layers.index(layer)
     raise TypeError(
-        f"Invalid `split`: entry {entry!r} of type {type(entry).__name__} is "
+        f"Invalid `split`: entry {literal(entry)} of type {type(entry).__name__} is "
         "neither a layer name (str) nor an index into `model.layers` (int)."
     )
 
@@ -179,7 +180,7 @@ def _stages_from_starts(model, layers, split, num_stages):
         positions = positions[1:]
     if len(positions) != num_stages - 1:
         raise ValueError(
-            f"Invalid `split`: received {split!r}, {len(split)} start "
+            f"Invalid `split`: received {literal(split)}, {len(split)} start "
             f"point(s) for {num_stages} stages (one per device). Give "
             f"{num_stages - 1} start point(s), the first layer of each stage "
             "after the first, or one list of layer names per stage."
@@ -187,7 +188,7 @@ def _stages_from_starts(model, layers, split, num_stages):
     if any(b <= a for a, b in zip([0] + positions, positions)):
         order = [layers[p].name for p in positions]
         raise ValueError(
-            f"Invalid `split`: the stage start points {order} must be "
+            f"Invalid `split`: the stage start points {literal(order)} must be "
             "distinct, after the first layer and in the order of "
             f"`model.layers` ({_names_hint(layers)}); every stage needs at "
             "least one layer."
@@ -217,7 +218,7 @@ def _stages_from_sets(model, layers, split, num_stages):
             name = layers[_position(model, layers, entry)].name
             if name in stage_of:
                 raise ValueError(
-                    f"Invalid `split`: layer {name!r} is listed in groups "
+                    f"Invalid `split`: layer {literal(name)} is listed in groups "
                     f"{stage_of[name]} and {stage}; a layer (and its weights) "
                     "belongs to exactly one stage."
                 )
@@ -225,7 +226,7 @@ def _stages_from_sets(model, layers, split, num_stages):
     missing = [layer.name for layer in layers if layer.name not in stage_of]
     if missing:
         raise ValueError(
-            f"Invalid `split`: layer(s) {missing} are in no group. With one "
+            f"Invalid `split`: layer(s) {literal(missing)} are in no group. With one "
             "list of layers per stage, every layer must be listed."
         )
     return [
@@ -262,7 +263,7 @@ def resolve_stages(model, num_stages, split=None):
     if num_stages > len(layers):
         raise ValueError(
             f"Invalid `devices`: {num_stages} stages (one per device) for "
-            f"{model.name!r}, which has only {len(layers)} layer(s) "
+            f"{literal(model.name)}, which has only {len(layers)} layer(s) "
             f"{_names_hint(layers)}. Use at most {len(layers)} devices."
         )
     if split is None:
@@ -273,15 +274,15 @@ def resolve_stages(model, num_stages, split=None):
         return _stages_from_starts(model, layers, starts, num_stages)
     if isinstance(split, str) or not isinstance(split, (list, tuple)):
         raise TypeError(
-            f"Invalid `split`: received {split!r} of type "
-            f"{type(split).__name__}; expected None, a list of layer names or "
+            f"Invalid `split`: received {literal(split)} of type "
+            f"{type(split).__name__}; expected {literal(None)}, a list of layer names or "
             "indices where stages start, or a list of lists of layer names."
         )
     if split and all(_is_group(entry) for entry in split):
         return _stages_from_sets(model, layers, split, num_stages)
     if any(_is_group(entry) for entry in split):
         raise TypeError(
-            f"Invalid `split`: received {split!r}, which mixes layer lists "
+            f"Invalid `split`: received {literal(split)}, which mixes layer lists "
             "with single layers; use either start points or one list per "
             "stage."
         )
@@ -333,9 +334,9 @@ class _Plan:
             if source is not None and source[0] > stage:
                 raise ValueError(
                     "Invalid `split`: the model cannot be cut there. Layer "
-                    f"{node.operation.name!r} (stage {stage}, "
+                    f"{literal(node.operation.name)} (stage {stage}, "
                     f"{devices[stage]}) reads the output of layer "
-                    f"{source[1]!r}, which is in the later stage "
+                    f"{literal(source[1])}, which is in the later stage "
                     f"{source[0]} ({devices[source[0]]}); stages run in "
                     "order, each reading only from earlier stages. Put both "
                     "layers in one stage, or a reused (shared) layer in the "
@@ -375,8 +376,8 @@ class _Plan:
                     source = producer[tensor_id]
                     raise ValueError(
                         "Invalid `split`: the model cannot be cut there. The "
-                        f"output of layer {source[1]!r} (stage {source[0]}) "
-                        "carries a Keras mask (e.g. from mask_zero=True or "
+                        f"output of layer {literal(source[1])} (stage {source[0]}) "
+                        f"carries a Keras mask (e.g. from {setting('mask_zero', True)} or "
                         f"Masking) into stage {stage} ({devices[stage]}); "
                         "masks do not cross stage boundaries. Start the "
                         "stage after the layers that consume the mask."
@@ -541,7 +542,7 @@ def place_template(model, stages, devices):
         )
     except (ValueError, TypeError, NotImplementedError) as error:
         raise ValueError(
-            f"Invalid `model`: {model.name!r} cannot be rebuilt with its "
+            f"Invalid `model`: {literal(model.name)} cannot be rebuilt with its "
             f"weights on the stage devices ({error}). Every layer needs "
             "get_config()/from_config(); custom layers must implement them."
         ) from None
@@ -552,8 +553,8 @@ def place_template(model, stages, devices):
     ]
     if misplaced:
         raise ValueError(
-            f"Invalid `model`: some weights of {model.name!r} could not be "
-            f"created on their stage's device: {misplaced}. Their layers "
+            f"Invalid `model`: some weights of {literal(model.name)} could not be "
+            f"created on their stage's device: {literal(misplaced)}. Their layers "
             "create weights outside build(); implement build() (or "
             "get_build_config()/build_from_config()) for them."
         )
@@ -665,7 +666,7 @@ def _input_like(tensor, microbatches):
     if microbatches > 1 and tensor.shape[0] is not None:
         raise ValueError(
             f"Invalid `microbatches`: received {microbatches}, but input "
-            f"{tensor.name!r} has a fixed batch size ({tensor.shape}); "
+            f"{literal(tensor.name)} has a fixed batch size ({tensor.shape}); "
             "micro-batches slice each batch, so build the model with "
             "shape=... rather than batch_shape=..., or use microbatches=1."
         )
@@ -678,7 +679,7 @@ def _input_like(tensor, microbatches):
 def _check_microbatches(microbatches):
     if not devices_lib._is_int(microbatches) or int(microbatches) < 1:
         raise ValueError(
-            f"Invalid `microbatches`: received {microbatches!r}; expected an "
+            f"Invalid `microbatches`: received {literal(microbatches)}; expected an "
             "int >= 1 (1: no pipelining; k: each batch runs as k "
             "micro-batches that overlap across stages)."
         )

@@ -17,6 +17,7 @@ from tensorflow.python.eager import context
 
 from multigpu import communication
 from multigpu import devices as devices_lib
+from multigpu.messages import literal, literals, setting
 
 # Nodes that move data, route it through lowered control flow, or mark
 # function boundaries rather than compute.
@@ -226,9 +227,9 @@ def _step_runner(model, x, y):
         return (lambda: model.predict_on_batch(x)), "predict", "predict_function"
     if getattr(model, "optimizer", None) is None:
         raise ValueError(
-            f"Invalid `y`: received targets, but model {model.name!r} is not "
+            f"Invalid `y`: received targets, but model {literal(model.name)} is not "
             "compiled, so it has no training step. Call model.compile(...) "
-            "first, or pass y=None to observe a prediction step."
+            f"first, or pass {setting('y', None)} to observe a prediction step."
         )
     if not model.optimizer.built:
         # Built now (in the model's strategy) so that its state is restored.
@@ -412,7 +413,7 @@ def _observe_step(model, x, y):
     if not node_defs:
         raise RuntimeError(
             "TensorFlow exported no executed graph for this step: is the "
-            "model running eagerly (run_eagerly=True)? Placement is observed "
+            f"model running eagerly ({setting('run_eagerly', True)})? Placement is observed "
             "on compiled steps only."
         )
     return kind, node_defs, nodes, sizes, times, time_note
@@ -601,13 +602,13 @@ def _check_report_args(model, x, y, print_table):
         )
     if x is None and y is not None:
         raise ValueError(
-            "Invalid `x`: received None with targets `y`; a training step "
+            f"Invalid `x`: received {literal(None)} with targets `y`; a training step "
             "needs inputs. Pass x (and y) for one batch."
         )
     if not isinstance(print_table, bool):
         raise ValueError(
-            f"Invalid `print_table`: received {print_table!r}; expected True "
-            "or False."
+            f"Invalid `print_table`: received {literal(print_table)}; expected "
+            f"{literals([True, False])}."
         )
 
 
@@ -669,7 +670,7 @@ def placement_report(model, x=None, y=None, print_table=True):
     variables = variables_by_device(model)
     nodes, times, transfers, notes = None, None, None, []
     if x is None:
-        notes.append("no batch given (x=None): weights only; pass x (and y) "
+        notes.append(f"no batch given ({setting('x', None)}): weights only; pass x (and y) "
                      "to observe a prediction (training) step")
     else:
         kind, node_defs, nodes, sizes, times, time_note = _observe_step(

@@ -19,6 +19,8 @@ from multigpu import mirrored
 from multigpu import saving
 from multigpu.messages import api
 from multigpu.messages import literal
+from multigpu.messages import literals
+from multigpu.messages import setting
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -294,7 +296,7 @@ class DataParallel(TemplateLayer):
 def _input_like(tensor):
     if tensor.shape[0] is not None:
         raise ValueError(
-            f"Invalid `model`: its input {tensor.name!r} has a fixed batch "
+            f"Invalid `model`: its input {literal(tensor.name)} has a fixed batch "
             f"size ({tensor.shape}); multi_gpu_model slices each batch, so "
             "build the model with shape=... rather than batch_shape=..."
         )
@@ -517,7 +519,7 @@ class TemplateBacked:
         """
         if jit_compile is True:
             warnings.warn(
-                "jit_compile=True ignored: XLA would compile the whole step "
+                f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
                 f"into one cluster on one device, undoing {self.parallelism}.",
                 UserWarning, stacklevel=2,
             )
@@ -653,7 +655,7 @@ class ParallelModel(TemplateBacked, keras.Model):
 def _check_flag(name, value):
     if not isinstance(value, bool):
         raise ValueError(
-            f"Invalid `{name}`: received {value!r}; expected True or False."
+            f"Invalid `{name}`: received {literal(value)}; expected {literals([True, False])}."
         )
 
 
@@ -668,9 +670,9 @@ def relocate_to_cpu(model):
             clone = keras.models.clone_model(model)
     except ValueError as error:
         raise ValueError(
-            f"Invalid `model` for cpu_relocation=True: {model.name!r} cannot "
+            f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
             f"be cloned ({error}). Build the model under "
-            "tf.device('/cpu:0') instead and keep cpu_relocation=False."
+            f"tf.device('/cpu:0') instead and keep {setting('cpu_relocation', False)}."
         ) from None
     clone.set_weights(model.get_weights())
     return clone

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from multigpu import cluster as cluster_lib
 from multigpu import devices as devices_lib
+from multigpu.messages import api, literal, literals, setting
 
 # Strategies made here number their collective groups from
 # `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
@@ -68,7 +69,7 @@ _OUTSIDE_SCOPE = (
     "the model AND compile it inside `with strategy.scope():` (the model's "
     "build function, `keras.models.load_model` and `compile` all belong "
     "there); or keep the model you have and call "
-    "multigpu.multi_gpu_model(model, engine='mirrored'), which mirrors a copy "
+    "{mirror_call}, which mirrors a copy "
     "of a model built anywhere."
 )
 _REPLICA_CONTEXT = (
@@ -79,13 +80,13 @@ _REPLICA_CONTEXT = (
     "custom loop, distribute the data with "
     "`strategy.experimental_distribute_dataset(dataset)` and run the step "
     "with `strategy.run(step, args=(batch,))` inside a `tf.function`; or use "
-    "multigpu.fit_distributed(model, dataset), which does exactly that."
+    "{fit_call}, which does exactly that."
 )
 _FOREIGN_OPTIMIZER = (
     "The optimizer was already built for another model's variables "
     "({original}). An optimizer serves one model, and under a strategy it "
     "must also be built under the strategy's scope. Fix: create a new "
-    "optimizer (or pass its name, e.g. optimizer='adam') when you compile the "
+    "optimizer (or pass its name, e.g. {optimizer_setting}) when you compile the "
     "model inside `with strategy.scope():`."
 )
 
@@ -96,9 +97,9 @@ _UNEVEN = (
     "model.fit under a MirroredStrategy builds the model from its first "
     "batch this way and fails on such a batch. Fix: use a batch size that is "
     "a multiple of {n} (strategy.num_replicas_in_sync); or make the data "
-    "with multigpu.distributed_dataset(x, y, per_replica_batch_size, "
-    "strategy=strategy), which batches at a multiple of the replica count; "
-    "or train with multigpu.multi_gpu_model(model, engine=...), which takes "
+    "with {dataset_call}, "
+    "which batches at a multiple of the replica count; "
+    "or train with {parallel_call}, which takes "
     "any batch size."
 )
 
@@ -141,15 +142,15 @@ def explain_error(error):
     if isinstance(error, AssertionError) and not message.strip() and any(
         "update" in name for name in _frame_names(error.__traceback__)
     ):
-        return StrategyUsageError(_OUTSIDE_SCOPE)
+        return StrategyUsageError(_OUTSIDE_SCOPE.format(mirror_call=api("multi_gpu_model", "model, " + setting("engine", "mirrored"))))
     first_line = message.strip().splitlines()[-1] if message.strip() else ""
     if "handle is not available outside the replica context" in message:
-        return StrategyUsageError(_REPLICA_CONTEXT.format(original=first_line))
+        return StrategyUsageError(_REPLICA_CONTEXT.format(original=first_line, fit_call=api("fit_distributed", "model, dataset")))
     if isinstance(error, ValueError) and "Unknown variable" in message and (
         "optimizer" in message
     ):
         original = message.split(". ")[0]
-        return StrategyUsageError(_FOREIGN_OPTIMIZER.format(original=original))
+        return StrategyUsageError(_FOREIGN_OPTIMIZER.format(original=original, optimizer_setting=setting("optimizer", "adam")))
     return None
 
 
@@ -201,6 +202,8 @@ class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
             raise StrategyUsageError(_UNEVEN.format(
                 shapes=_local_shapes(self, value),
                 n=self.num_replicas_in_sync,
+                dataset_call=api("distributed_dataset", "x, y, per_replica_batch_size, strategy"),
+                parallel_call=api("multi_gpu_model", "model"),
             )) from error
 
     def run(self, fn, args=(), kwargs=None, options=None):
@@ -221,9 +224,9 @@ def _cross_device_ops(cross_device_ops):
         make = _CROSS_DEVICE_OPS.get(cross_device_ops)
         if make is None:
             raise ValueError(
-                f"Invalid `cross_device_ops`: received {cross_device_ops!r}; "
-                f"expected None (collective all-reduce), one of "
-                f"{sorted(_CROSS_DEVICE_OPS)}, or a "
+                f"Invalid `cross_device_ops`: received {literal(cross_device_ops)}; "
+                f"expected {literal(None)} (collective all-reduce), one of "
+                f"{literals(sorted(_CROSS_DEVICE_OPS))}, or a "
                 "tf.distribute.CrossDeviceOps instance."
             )
         return cross_device_ops, make()

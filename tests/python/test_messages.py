@@ -21,6 +21,8 @@ from multigpu import messages
     (["/gpu:0", "/gpu:1"], "['/gpu:0', '/gpu:1']", 'c("/gpu:0", "/gpu:1")'),
     ([0, "a"], "[0, 'a']", 'list(0, "a")'),
     ([None], "[None]", "list(NULL)"),
+    ([3], "[3]", "list(3)"),
+    (["/cpu:9"], "['/cpu:9']", 'list("/cpu:9")'),
     ({"a": 1}, "{'a': 1}", "list(a = 1)"),
 ])
 def test_literal_in_each_language(value, python, r):
@@ -46,3 +48,11 @@ def test_unknown_language_is_refused_naming_it():
     with pytest.raises(ValueError, match="received 'julia'"):
         with messages.language("julia"):
             pass
+
+
+def test_setting_writes_an_argument_in_each_language():
+    assert messages.setting("engine", "mirrored") == "engine='mirrored'"
+    assert messages.setting("cpu_merge", True) == "cpu_merge=True"
+    with messages.language("r"):
+        assert messages.setting("engine", "mirrored") == 'engine = "mirrored"'
+        assert messages.setting("gpus", ["/cpu:0", "/cpu:1"]) == 'gpus = c("/cpu:0", "/cpu:1")'

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import sys
 
 import keras
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 import multigpu
+from multigpu import messages
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIO_DIR = ROOT / "tests" / "scenarios"
@@ -83,6 +85,19 @@ EXPECT_KEYS = {
     "virtual_devices": set(),
 }
 ERROR_CLASSES = {"ValueError", "TypeError", "RuntimeError", "OSError"}
+ERROR_KEYS = {"class", "message", "message_r"}
+
+# Spellings that belong to one language only: an R user must not read Python
+# values or calls, nor a Python user R's.
+PYTHON_ONLY = re.compile(r"\b(None|True|False)\b|\[['\"0-9-]|\bmultigpu\.[a-z_]+\(")
+R_ONLY = re.compile(r"\b(NULL|TRUE|FALSE)\b|\b(c|list)\(")
+
+
+def speaks(language, message):
+    """Whether `message` reads in `language` ("python" or "r"): none of the
+    other language's spellings of values and calls."""
+    foreign = R_ONLY if language == "python" else PYTHON_ONLY
+    return foreign.search(message) is None
 
 
 # ---------------------------------------------------------------------------
@@ -146,6 +161,16 @@ def scenario_problems(scenario):
                     "message"):
                 problems.append(f"step {i} ({op}): `error` needs a `class` "
                                 f"in {sorted(ERROR_CLASSES)} and a `message`")
+            if set(error) - ERROR_KEYS:
+                problems.append(f"step {i} ({op}): unknown error keys "
+                                f"{sorted(set(error) - ERROR_KEYS)}")
+            if not speaks("python", error.get("message", "")):
+                problems.append(f"step {i} ({op}): `message` must be the "
+                                "Python spelling")
+            if not speaks("r", error.get("message_r", error.get("message", ""))):
+                problems.append(f"step {i} ({op}): the message contains Python "
+                                "values or calls: give `message_r`, its R "
+                                "spelling")
     return problems
 
 
@@ -239,8 +264,11 @@ class PythonRun:
                 assert expected["message"] in str(error), (
                     f"{where}: message {str(error)!r} lacks "
                     f"{expected['message']!r}")
+                assert speaks("python", str(error)), (
+                    f"{where}: the Python message has R spellings: {error}")
                 self.record["error"] = {"class": expected["class"],
                                         "message": str(error),
+                                        "message_r": self.message_in_r(step),
                                         "from_python": True}
                 return self.record
             assert expected is None, (
@@ -249,6 +277,17 @@ class PythonRun:
         if self.template is not None:
             self.record["final_weights"] = self.template.get_weights()
         return self.record
+
+    def message_in_r(self, step):
+        """The failing step's message as the R package renders it: the step
+        run again with messages in R (an invalid input fails the same way)."""
+        with messages.language("r"):
+            try:
+                getattr(self, "do_" + step["do"])(step, step.get("expect", {}),
+                                                  {"do": step["do"]})
+            except Exception as error:  # noqa: BLE001 - its message is the point
+                return str(error)
+        raise AssertionError(f"{step['do']} failed once, then succeeded")
 
     # -- steps ---------------------------------------------------------------
 
@@ -579,8 +618,10 @@ def compare_records(python, r):
         f"Python error: {p_error}; R error: {r_error}")
     if p_error is not None:
         assert p_error["class"] == r_error["class"], (p_error, r_error)
+        # The core's message, rendered in R: the same facts in R spelling.
         if r_error["from_python"]:
-            assert p_error["message"] == r_error["message"]
+            assert p_error["message_r"] == r_error["message"]
+        assert speaks("r", r_error["message"]), r_error["message"]
     largest, compared = 0.0, 0
 
     def arrays(p_value, r_value):
@@ -620,6 +661,7 @@ def _as_list(value):
 _largest = {}
 
 
+@pytest.mark.r_parity
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
 def test_parity(scenario, embedded_r, tmp_path_factory):
     python = python_record(scenario, tmp_path_factory)
@@ -633,6 +675,7 @@ def test_parity(scenario, embedded_r, tmp_path_factory):
         f"R and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
 
 
+@pytest.mark.r_parity
 def test_parity_summary(capsys):
     """Runs after the parity tests (file order): prints how many scenarios of
     each kind ran in both languages and the largest difference seen."""

@@ -194,11 +194,15 @@ run_scenario <- function(path, workdir = tempfile("scenario-")) {
     scenario_expect(inherits(error, r_class), sprintf(
       "%s: expected a %s, got %s: %s", where, r_class,
       paste(class(error), collapse = "/"), conditionMessage(error)))
-    scenario_expect(grepl(expected$message, conditionMessage(error),
+    expected_message <- expected$message_r %||% expected$message
+    scenario_expect(grepl(expected_message, conditionMessage(error),
                           fixed = TRUE), sprintf(
       "%s: message %s lacks %s", where, encodeString(conditionMessage(error),
                                                       quote = '"'),
-      encodeString(expected$message, quote = '"')))
+      encodeString(expected_message, quote = '"')))
+    scenario_expect(speaks_r(conditionMessage(error)), sprintf(
+      "%s: the R message has Python values or calls: %s", where,
+      conditionMessage(error)))
     matched <- vapply(scenario_error_classes, inherits, logical(1), x = error)
     state$record$error <- list(class = names(which(matched))[1] %||% "",
                                message = conditionMessage(error),
@@ -209,6 +213,14 @@ run_scenario <- function(path, workdir = tempfile("scenario-")) {
     state$record$final_weights <- state$template$get_weights()
   }
   state$record
+}
+
+# Whether a message reads in R: none of Python's spellings of values (None,
+# True, False, [...] lists) or of calls (multigpu.f()). The same rule as
+# `speaks("r", ...)` in tests/python/test_scenarios.py.
+speaks_r <- function(message) {
+  !grepl("\\b(None|True|False)\\b|\\[['\"0-9-]|\\bmultigpu\\.[a-z_]+\\(", message,
+         perl = TRUE)
 }
 
 # Python warnings (multigpu's one-time "No GPU found" notice, Keras's notes)

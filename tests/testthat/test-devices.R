@@ -45,6 +45,6 @@ test_that("virtual_devices() leaves the rest to Python, whose message reaches R"
                "Invalid `threads`: received 2 for GPU devices", fixed = TRUE,
                class = "multigpu_value_error")
   expect_error(virtual_devices(4, device_type = "TPU"),
-               "Invalid `device_type`: received 'TPU'", fixed = TRUE,
+               'Invalid `device_type`: received "TPU"', fixed = TRUE,
                class = "multigpu_value_error")
 })

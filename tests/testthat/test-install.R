@@ -1,27 +1,29 @@
-test_that("install_requirements() pins TensorFlow, Keras and what reticulate needs", {
+test_that("install_requirements() asks for the core with the extras that hold every version requirement", {
   core <- withr::local_tempdir()
   writeLines(c("[project]", "name = \"multigpu\""), file.path(core, "pyproject.toml"))
-  requirements <- install_requirements(core, reticulate_version = package_version("1.28"))
-  expect_identical(requirements, c(
-    "tensorflow-cpu==2.21.*", "keras==3.15.*", "numpy>=1.26,<2",
-    "ml_dtypes>=0.5.1,<0.6", "h5py<3.15", "scikit-learn",
-    sprintf("%s[cpu,demo]", normalizePath(core))
-  ))
-  requirements <- install_requirements(core, gpu = TRUE, demo = FALSE,
-                                       extra_packages = c("pandas", "rich"),
-                                       reticulate_version = package_version("1.38"))
-  expect_identical(requirements, c(
-    "tensorflow[and-cuda]==2.21.*", "keras==3.15.*", "numpy>=1.26",
-    "ml_dtypes>=0.5.1,<0.6", "h5py<3.15", sprintf("%s[gpu]", normalizePath(core)),
-    "pandas", "rich"
-  ))
-  wheel_requirements <- install_requirements("multigpu @ file:///wheels/multigpu-0.1.0-py3-none-any.whl",
-                                             demo = FALSE)
-  expect_identical(utils::tail(wheel_requirements, 1),
-                   "multigpu @ file:///wheels/multigpu-0.1.0-py3-none-any.whl")
+  expect_identical(install_requirements(core, reticulate_version = package_version("1.28")),
+                   sprintf("%s[cpu,demo,numpy1]", normalizePath(core)))
+  expect_identical(
+    install_requirements(core, gpu = TRUE, demo = FALSE,
+                         extra_packages = c("pandas", "rich"),
+                         reticulate_version = package_version("1.38")),
+    c(sprintf("%s[gpu]", normalizePath(core)), "pandas", "rich")
+  )
+  expect_identical(
+    install_requirements("multigpu @ file:///wheels/multigpu-0.1.0-py3-none-any.whl",
+                         demo = FALSE, reticulate_version = package_version("1.38")),
+    "multigpu[cpu] @ file:///wheels/multigpu-0.1.0-py3-none-any.whl"
+  )
 })
 
-test_that("find_core_source() uses `core`, then MULTIGPU_CORE, then the working directory's parents", {
+test_that("the extras install_multigpu() asks for exist in the core's pyproject.toml", {
+  pyproject <- readLines(file.path(bundled_core(), "pyproject.toml"))
+  for (extra in c("cpu", "gpu", "demo", "numpy1")) {
+    expect_true(any(grepl(sprintf("^%s = \\[", extra), pyproject)), label = extra)
+  }
+})
+
+test_that("find_core_source() uses `core`, then MULTIGPU_CORE, then the core this R package carries", {
   root <- withr::local_tempdir()
   checkout <- file.path(root, "multigpu")
   dir.create(file.path(checkout, "vignettes"), recursive = TRUE)
@@ -29,13 +31,11 @@ test_that("find_core_source() uses `core`, then MULTIGPU_CORE, then the working 
              file.path(checkout, "pyproject.toml"))
   withr::local_envvar(MULTIGPU_CORE = NA)
   expect_identical(find_core_source(checkout), checkout)
-  expect_identical(find_core_source(wd = file.path(checkout, "vignettes")),
-                   normalizePath(checkout))
   expect_identical(find_core_source("multigpu @ git+https://example.org/multigpu"),
                    "multigpu @ git+https://example.org/multigpu")
-  expect_error(find_core_source(wd = root),
-               "Cannot find the multigpu Python source: `core` is NULL, MULTIGPU_CORE is not set",
-               class = "multigpu_value_error")
+  # From any working directory, without a checkout: the bundled core.
+  withr::with_dir(root, expect_identical(find_core_source(), bundled_core()))
+  expect_true(file.exists(file.path(find_core_source(), "python", "multigpu", "__init__.py")))
   expect_error(find_core_source(root),
                "`core` is a directory without the multigpu pyproject.toml", class = "multigpu_value_error")
   expect_error(find_core_source(file.path(root, "nowhere")), "`core` does not exist",
@@ -43,7 +43,24 @@ test_that("find_core_source() uses `core`, then MULTIGPU_CORE, then the working 
   expect_error(find_core_source(NA_character_), "`core` must be a single non-empty path",
                class = "multigpu_value_error")
   withr::local_envvar(MULTIGPU_CORE = checkout)
-  expect_identical(find_core_source(wd = root), checkout)
+  expect_identical(find_core_source(), checkout)
+})
+
+test_that("copy_core_source() copies what pip needs and leaves caches behind", {
+  copy <- copy_core_source(bundled_core())
+  withr::defer(unlink(dirname(copy), recursive = TRUE))
+  expect_true(is_core_checkout(copy))
+  expect_true(file.exists(file.path(copy, "python", "multigpu", "replicas.py")))
+  expect_length(list.files(copy, "^__pycache__$", recursive = TRUE, include.dirs = TRUE), 0L)
+})
+
+test_that("install_multigpu() stops on an Intel Mac, where TensorFlow 2.21 has no build", {
+  expect_error(check_platform_has_tensorflow("Darwin", "x86_64"),
+               "TensorFlow 2.21 has no build for macOS on Intel (x86_64)",
+               fixed = TRUE, class = "multigpu_install_error")
+  expect_true(check_platform_has_tensorflow("Darwin", "arm64"))
+  expect_true(check_platform_has_tensorflow("Linux", "x86_64"))
+  expect_true(check_platform_has_tensorflow("Windows", "x86-64"))
 })
 
 test_that("base_python() checks the Python that creates the environment", {
@@ -92,8 +109,7 @@ test_that("install_multigpu() creates an environment, updates it, and says what 
   expect_identical(result$python, venv_python(env))
   expect_true(file.exists(result$python))
   expect_match(messages[[1]], sprintf("^Creating the virtual environment %s with Python 3\\.", env))
-  expect_match(messages[[2]], "Installing: tensorflow-cpu==2.21.* keras==3.15.* numpy>=1.26,<2 ml_dtypes>=0.5.1,<0.6 h5py<3.15",
-               fixed = TRUE)
+  expect_match(messages[[2]], "^Installing: /.*/multigpu\\[cpu(,numpy1)?\\]$")
   expect_match(messages[[3]], sprintf("Done: %s now has Python 3.*, TensorFlow 2\\.21\\..*, Keras 3\\.15\\..*, NumPy 1\\..* and multigpu 0\\.1\\.0\\.", env))
   expect_match(messages[[4]], sprintf("MULTIGPU_PYTHON = \"%s\"", result$python), fixed = TRUE)
   expect_match(messages[[4]], "Python is already running in this R session: restart R first.", fixed = TRUE)
@@ -123,7 +139,7 @@ test_that("install_multigpu() reports a failing pip as an install error", {
   Sys.chmod(failing, "0755")
   expect_error(
     suppressMessages(install_multigpu(env, core = "multigpu @ file:///nowhere.whl", quiet = TRUE)),
-    "Could not install the packages: `.*env/bin/python -m pip install --quiet tensorflow-cpu==2.21.*` exited with status 1",
+    "Could not install the packages: `.*env/bin/python -m pip install --quiet multigpu\\[cpu,demo(,numpy1)?\\] @ file:///nowhere.whl` exited with status 1",
     class = "multigpu_install_error"
   )
 })

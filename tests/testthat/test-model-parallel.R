@@ -67,12 +67,12 @@ test_that("model_parallel() errors name the argument and the fix", {
   skip_if_no_multigpu()
   model <- chain_model()
   expect_error(model_parallel(model, devices = 2, split = "nope"),
-               "unknown layer name 'nope'", class = "multigpu_value_error")
+               'unknown layer name "nope"', class = "multigpu_value_error")
   expect_error(model_parallel(model, devices = 4),
-               "4 stages (one per device) for 'chain', which has only 3 layer(s)",
+               '4 stages (one per device) for "chain", which has only 3 layer(s)',
                fixed = TRUE, class = "multigpu_value_error")
   expect_error(model_parallel(model, devices = c("/cpu:0", "/cpu:9")),
-               "Unknown device(s) ['/cpu:9']", fixed = TRUE,
+               'Unknown device(s) list("/cpu:9")', fixed = TRUE,
                class = "multigpu_value_error")
   expect_error(model_parallel(model, split = c("transform", NA)),
                "`split` contains NA", class = "multigpu_value_error")

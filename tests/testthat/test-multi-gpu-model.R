@@ -34,7 +34,7 @@ test_that("device names select devices; two or more numbers are GPU ids", {
                    c("/device:CPU:3", "/device:CPU:1"))
   error <- tryCatch(multi_gpu_model(model, gpus = c(0, 1)), error = identity)
   expect_s3_class(error, c("multigpu_value_error", "multigpu_python_error"))
-  expect_match(conditionMessage(error), "received [0, 1]. GPU ids were given but this machine has no GPU", fixed = TRUE)
+  expect_match(conditionMessage(error), "received c(0, 1). GPU ids were given but this machine has no GPU", fixed = TRUE)
 })
 
 test_that("the Python core rejects device sets that cannot work, naming what the machine has", {
@@ -45,13 +45,13 @@ test_that("the Python core rejects device sets that cannot work, naming what the
   expect_error(multi_gpu_model(model, gpus = 5), "CPU devices: /device:CPU:0, /device:CPU:1, /device:CPU:2, /device:CPU:3",
                fixed = TRUE, class = "multigpu_value_error")
   # A list is always a list, even of one: GPU id 3 alone is no device set.
-  expect_error(multi_gpu_model(model, gpus = list(3)), "received [3]. A device list needs at least 2 entries, not 1",
+  expect_error(multi_gpu_model(model, gpus = list(3)), "received list(3). A device list needs at least 2 entries, not 1",
                fixed = TRUE, class = "multigpu_value_error")
   expect_error(multi_gpu_model(model, gpus = "/cpu:0"), "A device list needs at least 2 entries, not 1",
                fixed = TRUE, class = "multigpu_value_error")
   expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:0")), "appear more than once",
                class = "multigpu_value_error")
-  expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:9")), "Unknown device(s) ['/cpu:9']",
+  expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:9")), 'Unknown device(s) list("/cpu:9")',
                fixed = TRUE, class = "multigpu_value_error")
   expect_error(multi_gpu_model(model, gpus = TRUE), "A value of type bool is not accepted",
                class = "multigpu_value_error")
@@ -77,7 +77,7 @@ test_that("cpu_merge and cpu_relocation are flags: NA is rejected in R, other va
                class = "multigpu_value_error")
   expect_error(multi_gpu_model(model, cpu_relocation = NA), "`cpu_relocation` must be TRUE or FALSE, not NA",
                class = "multigpu_value_error")
-  expect_error(multi_gpu_model(model, cpu_merge = "yes"), "Invalid `cpu_merge`: received 'yes'; expected True or False",
+  expect_error(multi_gpu_model(model, cpu_merge = "yes"), 'Invalid `cpu_merge`: received "yes"; expected TRUE or FALSE',
                fixed = TRUE, class = "multigpu_value_error")
 })
 
@@ -134,7 +134,7 @@ test_that("in a fresh session, the CPU fallback warning is an R warning", {
   ', env = paste0("RETICULATE_PYTHON=", multigpu_config()$python))
   output <- paste(output, collapse = "\n")
   expect_match(output, "class: multigpu_warning", fixed = TRUE)
-  expect_match(output, "message: No GPU found: using the 2 logical CPU devices ['/device:CPU:0', '/device:CPU:1'].", fixed = TRUE)
+  expect_match(output, 'message: No GPU found: using the 2 logical CPU devices c("/device:CPU:0", "/device:CPU:1").', fixed = TRUE)
   expect_match(output, "call: multi_gpu_model(model)", fixed = TRUE)
 })
 

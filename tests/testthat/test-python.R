@@ -62,6 +62,16 @@ test_that("default_env_dir() is under WORKON_HOME unless given a path", {
   expect_identical(default_env_dir("~/envs/mg"), path.expand("~/envs/mg"))
 })
 
+test_that("core_python_range() reads the supported Pythons from the core's pyproject.toml", {
+  supported <- core_python_range()
+  expect_identical(supported$text, "3.10 to 3.13")
+  pyproject <- withr::local_tempfile()
+  writeLines(c("[project]", "requires-python = \">=3.11,<3.15\""), pyproject)
+  expect_identical(core_python_range(pyproject),
+                   list(min = numeric_version("3.11"), below = numeric_version("3.15"),
+                        text = "3.11 to 3.14"))
+})
+
 test_that("diagnose() names each problem and its fix", {
   python <- file.path(R.home("bin"), "R")  # any existing file
   ok <- c(python = "3.11.7", numpy = "1.26.4", tensorflow = "2.21.0",
@@ -90,7 +100,7 @@ test_that("diagnose() names each problem and its fix", {
   expect_problem(with_version(numpy = "2.1.0"),
                  "NumPy 2.1.0 is installed in the Python",
                  "but reticulate 1.28 (the R-Python bridge of this R) only works with NumPy < 2",
-                 "-m pip install \"numpy>=1.26,<2\" \"ml_dtypes<0.6\"",
+                 "run multigpu::install_multigpu() (which installs NumPy < 2 for this reticulate)",
                  "upgrade reticulate to 1.38 or later")
   expect_null(diagnose(python, source, with_version(numpy = "2.1.0"),
                        reticulate_version = package_version("1.38.0")))
@@ -102,6 +112,11 @@ test_that("diagnose() names each problem and its fix", {
   expect_problem(with_version(keras = NA), "has no Keras")
   expect_problem(with_version(multigpu = NA),
                  "The multigpu Python package is not installed in the Python")
+  mismatch <- diagnose(python, source, with_version(multigpu = "0.0.9"),
+                       r_package_version = "0.1.0")
+  expect_s3_class(mismatch, "multigpu_version_mismatch")
+  expect_match(mismatch, "has the multigpu Python package 0.0.9, but this R package is multigpu 0.1.0",
+               fixed = TRUE)
 })
 
 test_that("probe_python() reads versions without importing, or returns the output of a failure", {
@@ -147,8 +162,11 @@ test_that("print.multigpu_config() shows the problem of an unusable Python", {
   expect_true("TensorFlow is not installed." %in% output)
 })
 
-# A virtual environment that has (fake) NumPy metadata but no TensorFlow.
-fake_env <- function(numpy_version) {
+# A virtual environment with fake packages (metadata, and a module that
+# raises when imported): NumPy at `numpy_version`, and the packages in
+# `...` (name = version), e.g. `tensorflow = "2.21.0"`. A fake multigpu
+# module carries its version in its __version__ line.
+fake_env <- function(numpy_version, ...) {
   skip_if_no_multigpu()
   dir <- withr::local_tempdir(.local_envir = parent.frame())
   status <- system2(multigpu_config()$python,
@@ -157,13 +175,18 @@ fake_env <- function(numpy_version) {
   site <- system2(venv_python(dir),
                   c("-c", shQuote("import sysconfig; print(sysconfig.get_paths()['purelib'])")),
                   stdout = TRUE)
-  dir.create(file.path(site, "numpy"))
-  writeLines("raise ImportError('a fake NumPy: never imported')",
-             file.path(site, "numpy", "__init__.py"))
-  meta <- file.path(site, sprintf("numpy-%s.dist-info", numpy_version))
-  dir.create(meta)
-  writeLines(c("Metadata-Version: 2.1", "Name: numpy",
-               paste("Version:", numpy_version)), file.path(meta, "METADATA"))
+  packages <- c(numpy = numpy_version, c(...))
+  for (name in names(packages)) {
+    version <- packages[[name]]
+    dir.create(file.path(site, name))
+    writeLines(c(sprintf("__version__ = \"%s\"", version),
+                 sprintf("raise ImportError('a fake %s: never imported')", name)),
+               file.path(site, name, "__init__.py"))
+    meta <- file.path(site, sprintf("%s-%s.dist-info", name, version))
+    dir.create(meta)
+    writeLines(c("Metadata-Version: 2.1", paste("Name:", name),
+                 paste("Version:", version)), file.path(meta, "METADATA"))
+  }
   dir
 }
 
@@ -206,6 +229,27 @@ test_that("with NumPy 2 and reticulate < 1.38, the first call says so before Pyt
   expect_match(output, sprintf("NumPy 2.1.3 is installed in the Python %s", venv_python(env)),
                fixed = TRUE)
   expect_match(output, sprintf("only works with NumPy < 2"), fixed = TRUE)
+})
+
+test_that("a multigpu Python package of another version is refused with a classed error", {
+  env <- fake_env("1.26.4", tensorflow = "2.21.0", keras = "3.15.1",
+                  multigpu = "0.0.9")
+  output <- paste(run_r(first_call_code,
+                        env = c(paste0("MULTIGPU_PYTHON=", env), "PYTHONPATH=")),
+                  collapse = "\n")
+  expect_match(output, "loaded; python started: FALSE", fixed = TRUE)
+  expect_match(output, "class: multigpu_version_error", fixed = TRUE)
+  expect_match(output, sprintf(
+    "The Python %s (chosen by the MULTIGPU_PYTHON environment variable) has the multigpu Python package 0.0.9, but this R package is multigpu %s: the two must be the same version. Fix: run multigpu::install_multigpu()",
+    venv_python(env), utils::packageVersion("multigpu")), fixed = TRUE)
+})
+
+test_that("the Python package this R package carries has the R package's version", {
+  core <- bundled_core()
+  expect_true(is_core_checkout(core))
+  init <- readLines(file.path(core, "python", "multigpu", "__init__.py"))
+  version <- sub('^__version__ = "(.*)"$', "\\1", grep("^__version__ = ", init, value = TRUE))
+  expect_identical(version, as.character(utils::packageVersion("multigpu")))
 })
 
 test_that("Python subprocesses run without the library directories R put first", {

@@ -33,7 +33,7 @@ test_that("mirrored_strategy() errors: NA in R, the rest from Python", {
   expect_error(mirrored_strategy(-4), "`devices` is negative", class = "multigpu_value_error")
   expect_error(mirrored_strategy(c(0, 1)), "GPU ids were given but this machine has no GPU",
                class = "multigpu_value_error")
-  expect_error(mirrored_strategy(cross_device_ops = "bogus"), "Invalid `cross_device_ops`: received 'bogus'",
+  expect_error(mirrored_strategy(cross_device_ops = "bogus"), 'Invalid `cross_device_ops`: received "bogus"',
                fixed = TRUE, class = "multigpu_value_error")
   expect_error(mirrored_strategy(cross_device_ops = 5), "Invalid `cross_device_ops`: received an object of type float",
                fixed = TRUE, class = "multigpu_type_error")

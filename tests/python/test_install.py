@@ -1,0 +1,103 @@
+"""How the core installs: without TensorFlow, and per platform."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _import_without_tensorflow():
+    # `None` in sys.modules makes `import tensorflow` fail as if it were not
+    # installed (ModuleNotFoundError, name "tensorflow").
+    code = (
+        "import sys\n"
+        "sys.modules['tensorflow'] = None\n"
+        "try:\n"
+        "    import multigpu\n"
+        "except ModuleNotFoundError as error:\n"
+        "    print(type(error).__name__, error.name, str(error), sep='|')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    return subprocess.run([sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip()
+
+
+def test_import_without_tensorflow_names_the_extras():
+    kind, name, message = _import_without_tensorflow().split("|")
+    assert (kind, name) == ("ModuleNotFoundError", "tensorflow")
+    assert "multigpu needs TensorFlow 2.21, which is not installed" in message
+    assert 'pip install "multigpu[cpu]"' in message
+    assert 'pip install "multigpu[gpu]"' in message
+
+
+def _tensorflow_requirement(extra, environment):
+    """The TensorFlow requirement `extra` selects on a platform."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    chosen = []
+    for line in extras[extra]:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(
+                dict(environment, extra="")):
+            chosen.append(requirement)
+    tensorflow = [r for r in chosen if r.name.startswith("tensorflow")]
+    assert len(tensorflow) == 1, (environment, [str(r) for r in chosen])
+    return tensorflow[0]
+
+
+def _wheel_on_index(requirement, platform_tag, tmp_path):
+    """The wheel the package index has for `requirement` on a platform, or
+    None. Asks pip to resolve it as `pip download --platform ...
+    --only-binary=:all: --no-deps` would, without downloading the wheel."""
+    report = tmp_path / f"{platform_tag}.json"
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
+         "--ignore-installed", "--target", str(tmp_path / "target"),
+         "--platform", platform_tag, "--python-version", python_version,
+         "--only-binary=:all:", "--no-deps", "--report", str(report),
+         f"{requirement.name}{requirement.specifier}"],
+        capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        assert "No matching distribution found" in result.stderr, result.stderr
+        return None
+    installs = json.loads(report.read_text())["install"]
+    return installs[0]["download_info"]["url"].rsplit("/", 1)[-1]
+
+
+# (pip platform tag, the PEP 508 environment there, the distribution the
+# `cpu` extra must choose). TensorFlow 2.21 needs macOS 12 or later.
+PLATFORMS = [
+    ("manylinux_2_27_x86_64", {"sys_platform": "linux", "platform_machine": "x86_64"}, "tensorflow-cpu"),
+    ("manylinux_2_27_aarch64", {"sys_platform": "linux", "platform_machine": "aarch64"}, "tensorflow"),
+    ("win_amd64", {"sys_platform": "win32", "platform_machine": "AMD64"}, "tensorflow-cpu"),
+    ("macosx_12_0_arm64", {"sys_platform": "darwin", "platform_machine": "arm64"}, "tensorflow"),
+]
+
+
+@pytest.mark.parametrize("platform_tag,environment,distribution", PLATFORMS,
+                         ids=[p[0] for p in PLATFORMS])
+def test_cpu_extra_resolves_to_a_wheel_on_each_platform(
+        platform_tag, environment, distribution, tmp_path):
+    requirement = _tensorflow_requirement("cpu", environment)
+    assert requirement.name == distribution
+    wheel = _wheel_on_index(requirement, platform_tag, tmp_path)
+    assert wheel is not None, f"no {requirement} wheel for {platform_tag}"
+    assert wheel.startswith(distribution.replace("-", "_") + "-2.21.")
+
+
+def test_macos_x86_64_has_no_tensorflow_2_21_as_the_readme_says(tmp_path):
+    """README and install_multigpu() say Intel Macs cannot have TensorFlow
+    2.21; this fails when a wheel appears, so that both can be updated."""
+    environment = {"sys_platform": "darwin", "platform_machine": "x86_64"}
+    requirement = _tensorflow_requirement("cpu", environment)
+    assert requirement.name == "tensorflow"
+    assert _wheel_on_index(requirement, "macosx_12_0_x86_64", tmp_path) is None
