@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multigpu.arguments import check_flag
 from multigpu.messages import api
 from multigpu.messages import literal
 from multigpu.messages import literals
@@ -209,16 +210,6 @@ def _cached(dataset, cache):
     raise ValueError(
         f"Invalid `cache`: received {literal(cache)}; expected {literal(None)} (no cache), "
         f"{literal('memory')}, or a file path prefix for an on-disk cache."
-    )
-
-
-def check_flag(name, value):
-    """`value` as a bool; NumPy bools are accepted, anything else refused."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise ValueError(
-        f"Invalid `{name}`: received {literal(value)}; expected "
-        f"{literals([True, False])}."
     )
 
 

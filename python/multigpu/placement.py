@@ -17,7 +17,8 @@ from tensorflow.python.eager import context
 
 from multigpu import communication
 from multigpu import devices as devices_lib
-from multigpu.messages import literal, literals, setting
+from multigpu.arguments import check_flag
+from multigpu.messages import literal, setting
 
 # Nodes that move data, route it through lowered control flow, or mark
 # function boundaries rather than compute.
@@ -605,11 +606,7 @@ def _check_report_args(model, x, y, print_table):
             f"Invalid `x`: received {literal(None)} with targets `y`; a training step "
             "needs inputs. Pass x (and y) for one batch."
         )
-    if not isinstance(print_table, bool):
-        raise ValueError(
-            f"Invalid `print_table`: received {literal(print_table)}; expected "
-            f"{literals([True, False])}."
-        )
+    check_flag("print_table", print_table)
 
 
 def placement_report(model, x=None, y=None, print_table=True):

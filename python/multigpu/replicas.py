@@ -14,12 +14,12 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu.arguments import check_flag
 from multigpu import gradients as gradients_lib
 from multigpu import mirrored
 from multigpu import saving
 from multigpu.messages import api
 from multigpu.messages import literal
-from multigpu.messages import literals
 from multigpu.messages import setting
 
 HOST_DEVICE = "/device:CPU:0"
@@ -652,10 +652,14 @@ class ParallelModel(TemplateBacked, keras.Model):
         return cls(template, devices, **config)
 
 
-def _check_flag(name, value):
-    if not isinstance(value, bool):
+def _check_not_parallel(model):
+    """Refuses a model this package already spread over devices."""
+    if isinstance(model, (TemplateBacked, mirrored.MirroredModel)):
         raise ValueError(
-            f"Invalid `{name}`: received {literal(value)}; expected {literals([True, False])}."
+            f"Invalid `model`: {literal(model.name)} is already a parallel "
+            f"model (from {api('multi_gpu_model')} or "
+            f"{api('model_parallel')}); its replicas cannot be replicated "
+            "again. Pass the model it was built from, its `template`."
         )
 
 
@@ -725,9 +729,10 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
     >>> parallel.save("model.keras")                    # writes the template
     """
+    _check_not_parallel(model)
     callable_graph(model)
-    _check_flag("cpu_merge", cpu_merge)
-    _check_flag("cpu_relocation", cpu_relocation)
+    cpu_merge = check_flag("cpu_merge", cpu_merge)
+    cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
     mirrored.check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model

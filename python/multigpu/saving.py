@@ -13,10 +13,14 @@ written by Keras itself.
 
 import inspect
 import json
+import os
+import zipfile
 
 import h5py
 import keras
 from keras.src.legacy.saving import legacy_h5_format
+
+from multigpu.messages import literal
 
 _ALIAS_BUG = "is not a KerasSaveable subclass"
 
@@ -167,6 +171,35 @@ def save_model(model, filepath, overwrite=True, **kwargs):
             loadable_training_config(config)).encode("utf-8")
 
 
+def check_model_file(filepath):
+    """Refuses an existing file that is no Keras model file.
+
+    Keras reports such a file (truncated, or of another kind) as "File not
+    found"; this names what is wrong instead. A missing path is left to
+    Keras, whose message then is right.
+
+    Args:
+        filepath: The path given to `load_model`.
+
+    Raises:
+        ValueError: if `filepath` is a file that is neither a `.keras` (zip)
+            archive nor an HDF5 file.
+
+    Example:
+    >>> check_model_file("model.keras")   # a file model.save() wrote: passes
+    """
+    path = os.fspath(filepath)
+    if not os.path.isfile(path):
+        return
+    if zipfile.is_zipfile(path) or h5py.is_hdf5(path):
+        return
+    raise ValueError(
+        f"Invalid `filepath`: {literal(path)} is not a Keras model file: "
+        "neither a .keras (zip) archive nor an HDF5 (.h5) file; it may be "
+        "truncated or of another kind. Load a file written by saving a model."
+    )
+
+
 def load_model(filepath, custom_objects=None, compile=True, **kwargs):
     """Loads a saved Keras model, like `keras.models.load_model`.
 
@@ -188,6 +221,7 @@ def load_model(filepath, custom_objects=None, compile=True, **kwargs):
     >>> model.compile(optimizer="adam", loss="mse"); model.save("m.h5")
     >>> multigpu.load_model("m.h5").optimizer.iterations
     """
+    check_model_file(filepath)
     try:
         return keras.models.load_model(
             filepath, custom_objects=custom_objects, compile=compile, **kwargs)

@@ -333,6 +333,22 @@ def test_flags_must_be_booleans(flag, value):
         multigpu.multi_gpu_model(mlp(), gpus=2, **{flag: value})
 
 
+@pytest.mark.parametrize("flag", ["cpu_merge", "cpu_relocation"])
+def test_numpy_bools_are_flags(flag):
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=2, **{flag: np.bool_(False)})
+    assert isinstance(parallel, multigpu.ParallelModel)
+
+
+@pytest.mark.parametrize("engine", ["replicate", "mirrored"])
+def test_a_parallel_model_is_not_replicated_again(engine):
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=2, engine=engine)
+    with pytest.raises(ValueError, match="is already a parallel model.*`template`"):
+        multigpu.multi_gpu_model(parallel, gpus=2)
+    partitioned = multigpu.model_parallel(mlp(), devices=2)
+    with pytest.raises(ValueError, match="is already a parallel model"):
+        multigpu.multi_gpu_model(partitioned, gpus=2)
+
+
 def test_invalid_gpus_leave_the_model_untouched(rng):
     model = mlp()
     before = model.get_weights()

@@ -220,3 +220,11 @@ def test_loadable_training_config_names_aliases_canonically():
     assert config["metrics"][0][0]["config"]["name"] == "mae"
     assert config["metrics"][0][1:] == ["accuracy"]
     assert config["metrics"][1] == ["acc"]
+
+
+@pytest.mark.parametrize("content", [b"garbage", b""])
+def test_a_file_that_is_no_model_is_named_not_reported_missing(tmp_path, content):
+    path = tmp_path / "broken.keras"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="broken.keras.*is not a Keras model file"):
+        multigpu.load_model(path)

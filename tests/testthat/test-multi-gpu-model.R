@@ -148,3 +148,11 @@ test_that("a Sequential model without an input runs once built, and says so befo
   parallel <- multi_gpu_model(model, gpus = 2)
   same_predictions(parallel, model, iris_x(1:5))
 })
+
+test_that("a parallel model is not replicated again: the error points to its template", {
+  skip_if_no_multigpu()
+  parallel <- multi_gpu_model(tiny_model(), gpus = 2)
+  expect_error(multi_gpu_model(parallel, gpus = 2),
+               "is already a parallel model (from multi_gpu_model() or model_parallel())",
+               fixed = TRUE, class = "multigpu_value_error")
+})

@@ -118,3 +118,13 @@ test_that("save_model_hdf5() writes files Keras's own load_model compiles, alias
   expect_equal(evaluate(loaded, iris_x(), y, verbose = 0),
                evaluate(model, iris_x(), y, verbose = 0), tolerance = 1e-6)
 })
+
+test_that("load_model_hdf5() names a file that is no model instead of calling it missing", {
+  skip_if_no_multigpu()
+  file <- tempfile(fileext = ".h5")
+  writeLines("garbage", file)
+  expect_error(load_model_hdf5(file), "is not a Keras model file",
+               class = "multigpu_value_error")
+  error <- tryCatch(load_model_hdf5(file), error = identity)
+  expect_match(conditionMessage(error), sprintf('"%s"', file), fixed = TRUE)
+})
