@@ -384,7 +384,12 @@ def _ring_transfers(collectives, graph, sizes_by_op):
     for device, node in collectives:
         if n < 2:
             continue
-        nbytes = graph.size(node.input[0], sizes_by_op)
+        # The reduced output has the input's shape, and its recorded name is
+        # the collective's own: an input's name may be shared with another
+        # op in another replica's part of the traced step.
+        nbytes = _recorded_size(node.name, 0, sizes_by_op)
+        if nbytes is None:
+            nbytes = graph.size(node.input[0], sizes_by_op)
         transfers.append(Transfer(
             device, ring[(ring.index(device) + 1) % n], "all-reduce",
             node.name,

@@ -266,6 +266,10 @@ class MirroredModel(keras.Model):
         self.copy_from_template()
         return super().predict(*args, **kwargs)
 
+    # `train_on_batch` splits its batch between the replicas (through `fit`),
+    # which Keras's own does not under a strategy.
+    splits_train_on_batch = True
+
     def train_on_batch(self, x, y=None, sample_weight=None,
                        class_weight=None, return_dict=False):
         """One step on one batch, split between the replicas.

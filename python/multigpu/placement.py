@@ -609,6 +609,17 @@ def _check_report_args(model, x, y, print_table):
     check_flag("print_table", print_table)
 
 
+def _strategy_input_note(model):
+    """How the step under a strategy received its batch: not in its graphs."""
+    if getattr(model, "splits_train_on_batch", False):
+        return ("the batch reaches each replica through fit's distributed "
+                "input, placed on its device before the step: those rows are "
+                "not among the step's transfers")
+    return ("train_on_batch under a tf.distribute strategy hands every "
+            "replica the whole batch (Keras 3); fit sends each replica "
+            "its rows only")
+
+
 def placement_report(model, x=None, y=None, print_table=True):
     """Where a model's weights live and where one step's work runs.
 
@@ -676,10 +687,7 @@ def placement_report(model, x=None, y=None, print_table=True):
         notes.append(f"ops: executed in one {kind} step (run metadata), "
                      "transfers and function boundaries excluded")
         if kind == "train" and model.distribute_strategy.num_replicas_in_sync > 1:
-            notes.append(
-                "train_on_batch under a tf.distribute strategy hands every "
-                "replica the whole batch (Keras 3); fit sends each replica "
-                "its rows only")
+            notes.append(_strategy_input_note(model))
     devices = _report_devices(
         set(variables) | {n.device for n in nodes or []}
     )
