@@ -39,7 +39,7 @@ R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 	rmarkdown roxygen2
 
 .PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
-	setup setup-python setup-test setup-numpy2 setup-r slurm-up
+	setup setup-python setup-test setup-numpy2 setup-r slurm-up lint
 
 setup: setup-test setup-numpy2
 
@@ -75,6 +75,11 @@ demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
 test: test-python test-python-numpy1 test-r bench-quick
+
+# ruff, configured in pyproject.toml, over the core, the tests and the
+# benchmarks.
+lint: setup-numpy2
+	$(PY_NUMPY2) -m ruff check python tests bench
 
 # `-m` replaces the one in pytest's addopts: keep the slow sweeps out here too.
 test-python: setup-numpy2 slurm-up

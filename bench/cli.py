@@ -17,12 +17,7 @@ import sys
 import tempfile
 import time
 
-from bench import models
-from bench import plan
-from bench import report
-from bench import runner
-from bench import stability
-
+from bench import models, plan, report, runner, stability
 
 DOCS_OUTPUT = runner.REPO / "docs" / "bench"
 DOCS_PAGE = runner.REPO / "docs" / "benchmarks.md"

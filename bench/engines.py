@@ -36,6 +36,7 @@ def _model():
 
 def _trainer(engine, devices):
     import keras
+
     import multigpu
 
     keras.utils.set_random_seed(0)

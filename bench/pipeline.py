@@ -17,7 +17,7 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import multigpu  # noqa: E402
+import multigpu
 
 DEVICES = multigpu.virtual_devices(4)
 warnings.filterwarnings("ignore", message="No GPU found")

@@ -1,7 +1,6 @@
 """What a benchmark run measures: configurations, groups, repetitions."""
 
 import dataclasses
-from typing import Optional
 
 from bench import models
 
@@ -33,8 +32,8 @@ class Config:
     """
 
     runner: str
-    engine: Optional[str] = None
-    cpu_merge: Optional[bool] = None
+    engine: str | None = None
+    cpu_merge: bool | None = None
     is_default: bool = False
     twin: bool = False
 

@@ -98,10 +98,10 @@ def probe():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import warnings
 
+    import keras
     import numpy
     import tensorflow as tf
 
-    import keras
     import multigpu
     from multigpu.devices import usable_cores
 

@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import multigpu  # noqa: E402
+import multigpu
 
 multigpu.virtual_devices(2)
 

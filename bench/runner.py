@@ -54,7 +54,7 @@ def run_probe(env, timeout=300):
     """Runs `bench.probe` in a process of its own; returns its dict."""
     done = subprocess.run(
         [sys.executable, "-m", "bench.probe"], env=env, cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        capture_output=True, text=True,
         timeout=timeout)
     for line in done.stdout.splitlines():
         if line.startswith("BENCH_PROBE "):

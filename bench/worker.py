@@ -131,8 +131,7 @@ def run(config, channel):
 
     import keras
 
-    from bench import lockstep
-    from bench import models
+    from bench import lockstep, models
 
     keras.utils.set_random_seed(int(config["seed"]))
     workload = config["workload"]

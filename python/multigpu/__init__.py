@@ -20,26 +20,44 @@ except ModuleNotFoundError as error:
         name="tensorflow",
     ) from error
 
-from multigpu.devices import available_devices
-from multigpu.devices import canonical_device_name
-from multigpu.devices import resolve_devices
-from multigpu.devices import virtual_devices
-from multigpu.placement import executed_ops
-from multigpu.placement import placement_report
-from multigpu.model_parallel import PartitionedModel
-from multigpu.model_parallel import model_parallel
-from multigpu.replicas import DataParallel
-from multigpu.replicas import ParallelModel
-from multigpu.replicas import multi_gpu_model
-from multigpu.saving import load_model
-from multigpu.saving import save_model
-from multigpu.strategy import mirrored_strategy
-from multigpu.strategy import multi_worker_strategy
-from multigpu.strategy import StrategyUsageError
+from multigpu.checkpoints import checkpoint_callbacks, make_or_restore_model
 from multigpu.data import distributed_dataset
-from multigpu.checkpoints import checkpoint_callbacks
-from multigpu.checkpoints import make_or_restore_model
+from multigpu.devices import (
+    available_devices,
+    canonical_device_name,
+    resolve_devices,
+    virtual_devices,
+)
 from multigpu.distributed import fit_distributed
 from multigpu.mirrored import MirroredModel
+from multigpu.model_parallel import PartitionedModel, model_parallel
+from multigpu.placement import executed_ops, placement_report
+from multigpu.replicas import DataParallel, ParallelModel, multi_gpu_model
+from multigpu.saving import load_model, save_model
+from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "DataParallel",
+    "MirroredModel",
+    "ParallelModel",
+    "PartitionedModel",
+    "StrategyUsageError",
+    "available_devices",
+    "canonical_device_name",
+    "checkpoint_callbacks",
+    "distributed_dataset",
+    "executed_ops",
+    "fit_distributed",
+    "load_model",
+    "make_or_restore_model",
+    "mirrored_strategy",
+    "model_parallel",
+    "multi_gpu_model",
+    "multi_worker_strategy",
+    "placement_report",
+    "resolve_devices",
+    "save_model",
+    "virtual_devices",
+]

@@ -7,8 +7,7 @@ array, R's logicals through reticulate) and refuses anything else with a
 
 import numpy as np
 
-from multigpu.messages import literal
-from multigpu.messages import literals
+from multigpu.messages import literal, literals
 
 
 def check_flag(name, value):

@@ -39,8 +39,7 @@ from keras.src.backend.common import global_state
 
 from multigpu import cluster as cluster_lib
 from multigpu import data as data_lib
-from multigpu.messages import api
-from multigpu.messages import literal
+from multigpu.messages import api, literal
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.keras$")
 _TEMP_PREFIX = ".tmp-"
@@ -257,7 +256,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
             if self._final_path is not None:
                 _remove_quietly(_temp_path(self._final_path))
             if isinstance(error, OSError):
-                raise write_error(error, self._final_path or self.filepath)
+                raise write_error(error, self._final_path or self.filepath) from error
             raise
         final = self._final_path
         if final is not None and os.path.exists(_temp_path(final)):
@@ -440,7 +439,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
             _write_atomically(self._training_metadata_path,
                               lambda temp: _dump(state, temp), written)
         except OSError as error:
-            raise write_error(error, self.backup_dir)
+            raise write_error(error, self.backup_dir) from error
         self._version = version
         self._weights_path = weights
         self._prune_states(keep=(version, version - 1))

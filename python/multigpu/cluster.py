@@ -31,8 +31,7 @@ from tensorflow.python.distribute.cluster_resolver import (
     slurm_cluster_resolver as tf_slurm,
 )
 
-from multigpu.messages import api
-from multigpu.messages import literal
+from multigpu.messages import api, literal
 
 TF_CONFIG = "TF_CONFIG"
 # The variables TensorFlow's SlurmClusterResolver reads in a job step.
@@ -384,7 +383,7 @@ def _keep_physical_ids(before):
 def _check_gpus_not_started(before):
     """Raises, restoring `CUDA_VISIBLE_DEVICES`, if TensorFlow has started."""
     # CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first starts it.
-    from tensorflow.python.eager import context  # noqa: PLC0415
+    from tensorflow.python.eager import context
 
     if context.context()._context_handle is not None:  # noqa: SLF001
         assigned = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -131,7 +131,7 @@ def recorded_tensor_sizes(run):
         execution of that op (several for ops in loops), and under
         `(op name, CHANNELS)` the bytes of its first output's last axis.
     """
-    from tensorflow.python.debug.lib import (  # noqa: PLC0415
+    from tensorflow.python.debug.lib import (
         debug_events_reader,
     )
 

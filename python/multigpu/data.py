@@ -17,10 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu.arguments import check_flag
-from multigpu.messages import api
-from multigpu.messages import literal
-from multigpu.messages import literals
-from multigpu.messages import setting
+from multigpu.messages import api, literal, literals, setting
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,

@@ -11,10 +11,8 @@ import sys
 import warnings
 
 import tensorflow as tf
-from multigpu.messages import api, literal, literals, setting
 
-from multigpu.messages import api
-from multigpu.messages import literal
+from multigpu.messages import api, literal, literals, setting
 
 # More logical CPU devices than this many per core only slow a simulation.
 OVERSUBSCRIPTION = 8

@@ -224,7 +224,7 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
         initial_epoch = model._initial_epoch or initial_epoch
         logs = _run_epochs(model, data, callback_list, epochs, initial_epoch)
         callback_list.on_train_end(logs)
-    except Exception as error:  # noqa: BLE001 - re-raised unless known
+    except Exception as error:
         explained = strategy_lib.explain_error(error)
         if explained is None:
             raise

@@ -144,7 +144,7 @@ class MirroredModel(keras.Model):
     """
 
     def __init__(self, template, devices, **kwargs):
-        from multigpu import replicas  # noqa: PLC0415 - imports this module
+        from multigpu import replicas
 
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
@@ -201,7 +201,7 @@ class MirroredModel(keras.Model):
         An optimizer instance made outside the scope is re-created inside it
         from its config (it must not have been used yet).
         """
-        from multigpu import replicas  # noqa: PLC0415 - imports this module
+        from multigpu import replicas
 
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
@@ -347,7 +347,7 @@ class MirroredModel(keras.Model):
         runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
         gradient, no side effects.
         """
-        from multigpu import replicas  # noqa: PLC0415 - imports this module
+        from multigpu import replicas
 
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,

@@ -597,7 +597,7 @@ class PartitionedModel(replicas.TemplateBacked, keras.Model):
 
     @property
     def stages_layer(self):
-        return next(l for l in self.layers if isinstance(l, Stages))
+        return next(layer for layer in self.layers if isinstance(layer, Stages))
 
     @property
     def template(self):

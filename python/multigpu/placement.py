@@ -274,7 +274,7 @@ def _trace_op_times(run):
         `(times, note)`: `times` maps executed node name to its total
         kernel duration in seconds (or None), `note` says why when None.
     """
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: PLC0415
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     with tempfile.TemporaryDirectory() as logdir:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
@@ -594,7 +594,7 @@ class PlacementReport(list):
 
 
 def _check_report_args(model, x, y, print_table):
-    import keras  # noqa: PLC0415 - keras is slow to import; only here
+    import keras
 
     if not isinstance(model, keras.Model):
         raise TypeError(

@@ -14,13 +14,10 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
-from multigpu.arguments import check_flag
 from multigpu import gradients as gradients_lib
-from multigpu import mirrored
-from multigpu import saving
-from multigpu.messages import api
-from multigpu.messages import literal
-from multigpu.messages import setting
+from multigpu import mirrored, saving
+from multigpu.arguments import check_flag
+from multigpu.messages import api, literal, setting
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -444,7 +441,7 @@ def symbolic_graph(model):
         )
     graph = getattr(model, "_functional", None) or model
     try:
-        graph.input, graph.output
+        _ = graph.input, graph.output
     except (AttributeError, ValueError):
         raise ValueError(
             f"Invalid `model`: {literal(model.name)} has no symbolic "
@@ -576,7 +573,7 @@ class ParallelModel(TemplateBacked, keras.Model):
 
     @property
     def replicas_layer(self):
-        return next(l for l in self.layers if isinstance(l, DataParallel))
+        return next(layer for layer in self.layers if isinstance(layer, DataParallel))
 
     @property
     def template(self):

@@ -209,7 +209,7 @@ class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
     def run(self, fn, args=(), kwargs=None, options=None):
         try:
             return super().run(fn, args=args, kwargs=kwargs, options=options)
-        except Exception as error:  # noqa: BLE001 - re-raised unless known
+        except Exception as error:
             explained = explain_error(error)
             if explained is None:
                 raise

@@ -4,7 +4,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import multigpu  # noqa: E402
+import multigpu
 
 NUM_DEVICES = 4
 DEVICES = multigpu.virtual_devices(NUM_DEVICES)

@@ -115,8 +115,7 @@ def test_the_default_engine_runs_twice_and_its_twin_follows_selection():
 
 
 def test_r_is_compared_with_both_python_processes():
-    from bench import plan
-    from bench import report
+    from bench import plan, report
 
     configs = [plan.Config("plain"),
                plan.Config("multi_gpu_model", "replicate", True, True),

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import multigpu
+from models import data, mlp
 from multigpu import checkpoints
 from multigpu import data as multigpu_data
-from models import data, mlp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESUMABLE = os.path.join(HERE, "workers", "resumable.py")
@@ -274,7 +274,7 @@ def test_sigkill_mid_epoch_then_restart_finishes_like_an_unbroken_run(
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=RUN_TIMEOUT)
         assert killed.returncode == -signal.SIGKILL
-        assert [l for l in lines if l.startswith("epoch-begin")] == [
+        assert [line for line in lines if line.startswith("epoch-begin")] == [
             "epoch-begin 0", "epoch-begin 1", "epoch-begin 2"]
         names = _files(tmp_path / "ckpt")
         assert "ckpt-2.keras" in names and "ckpt-3.keras" not in names
@@ -286,7 +286,7 @@ def test_sigkill_mid_epoch_then_restart_finishes_like_an_unbroken_run(
         lines = _wait_for(resumed, "finished")
         assert resumed.wait(timeout=RUN_TIMEOUT) == 0
         # Only the interrupted epoch 2 is redone.
-        assert [l for l in lines if l.startswith("epoch-begin")] == [
+        assert [line for line in lines if line.startswith("epoch-begin")] == [
             "epoch-begin 2", "epoch-begin 3"]
         assert unbroken.wait(timeout=RUN_TIMEOUT) == 0
     finally:

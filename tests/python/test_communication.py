@@ -9,7 +9,6 @@ hidden activations 64, of outputs (and targets) 16.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import multigpu
 from conftest import DEVICES

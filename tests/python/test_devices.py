@@ -12,9 +12,8 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu import devices as devices_lib
-
 from conftest import DEVICES
+from multigpu import devices as devices_lib
 
 CPUS = [f"/device:CPU:{i}" for i in range(4)]
 

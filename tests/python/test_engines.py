@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu import mirrored
 from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
+from multigpu import mirrored
 
 
 def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):

@@ -2,14 +2,12 @@
 
 import gc
 
-import keras
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops as ops_lib
 
 import multigpu
-from multigpu import gradients
 from models import mlp
+from multigpu import gradients
 
 
 def _registered():

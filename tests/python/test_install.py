@@ -5,9 +5,9 @@ import os
 import pathlib
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu import launch
 from models import mlp
+from multigpu import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKERS = os.path.join(HERE, "workers")

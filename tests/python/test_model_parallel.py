@@ -8,8 +8,7 @@ import multigpu
 from conftest import DEVICES
 from models import copy_of, data, max_weight_difference
 from multigpu.model_parallel import balanced_split, variable_device
-from multigpu.placement import PLUMBING_OPS, executed_nodes
-from multigpu.placement import variables_by_device
+from multigpu.placement import PLUMBING_OPS, executed_nodes, variables_by_device
 
 TOL = 1e-5
 
@@ -75,7 +74,7 @@ def test_auto_split_balances_parameter_bytes_under_35_percent():
     for device, (_, nbytes) in observed.items():
         assert nbytes / total < 0.35, (device, nbytes / total)
     naive = [model.layers[i:i + 2] for i in range(0, 8, 2)]
-    assert max(sum(w.nbytes for l in g for w in l.get_weights())
+    assert max(sum(w.nbytes for layer in g for w in layer.get_weights())
                for g in naive) / total > 0.35
 
 
@@ -217,7 +216,7 @@ def test_save_writes_a_plain_model_that_loads_without_multigpu(rng, tmp_path):
     partitioned.save(path)
     loaded = keras.models.load_model(path)
     assert type(loaded) is type(model)  # a plain functional model
-    assert [l.name for l in loaded.layers] == [l.name for l in model.layers]
+    assert [layer.name for layer in loaded.layers] == [layer.name for layer in model.layers]
     np.testing.assert_allclose(loaded.predict(x, verbose=0),
                                partitioned.predict(x, verbose=0), atol=TOL)
     weights = tmp_path / "w.weights.h5"

@@ -3,9 +3,8 @@
 import pytest
 
 import multigpu
-from multigpu.placement import ops_by_device
-
 from models import data, mlp
+from multigpu.placement import ops_by_device
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

@@ -6,9 +6,8 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu.replicas import split_bounds
-
 from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
+from multigpu.replicas import split_bounds
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

@@ -72,7 +72,7 @@ def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path):
                                             plan)
             for path, freq, plan in scenarios
         }
-        for path, future in unbroken.items():
+        for future in unbroken.values():
             code, stderr = future.result()
             assert code == 0, stderr[-2000:]
         for (path, freq, plan), future in resumed.items():

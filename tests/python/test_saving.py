@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 import multigpu
-
 from models import data, mlp
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
@@ -78,7 +77,7 @@ def test_outer_model_holding_a_parallel_model_round_trips(rng, tmp_path):
     x, _ = data(rng, 6)
     np.testing.assert_allclose(loaded.predict(x, verbose=0),
                                outer.predict(x, verbose=0), atol=1e-6)
-    inner = [l for l in loaded.layers if isinstance(l, multigpu.ParallelModel)]
+    inner = [layer for layer in loaded.layers if isinstance(layer, multigpu.ParallelModel)]
     assert inner and inner[0].devices == parallel.devices
 
 

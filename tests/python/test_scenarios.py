@@ -254,7 +254,7 @@ class PythonRun:
                                                   entry)
             except AssertionError as failure:
                 raise AssertionError(f"{where}: {failure}") from failure
-            except Exception as error:  # noqa: BLE001 - compared below
+            except Exception as error:
                 if expected is None:
                     raise
                 actual = type(error).__name__
@@ -495,7 +495,7 @@ class PythonRun:
 
 
 def _builtin(name):
-    import builtins  # noqa: PLC0415
+    import builtins
     return getattr(builtins, name)
 
 
@@ -547,8 +547,8 @@ class EmbeddedR:
 
     def __init__(self):
         os.environ.setdefault("RETICULATE_PYTHON", sys.executable)
-        import rpy2.rinterface  # noqa: PLC0415
-        import rpy2.robjects as robjects  # noqa: PLC0415
+        import rpy2.rinterface
+        import rpy2.robjects as robjects
         # rpy2 ends R at exit, after reticulate released this interpreter's
         # thread state: Python then aborts ("GIL is released").
         atexit.unregister(rpy2.rinterface.endr)
@@ -562,7 +562,7 @@ class EmbeddedR:
         gc.collect()
         # reticulate lets R process its events from Python's pending calls,
         # also while Python shuts down, when rpy2's event callback is gone.
-        from rpy2.rinterface_lib import openrlib  # noqa: PLC0415
+        from rpy2.rinterface_lib import openrlib
         openrlib.rlib.ptr_R_ProcessEvents = openrlib.ffi.NULL
 
     def run(self, scenario_path, workdir):

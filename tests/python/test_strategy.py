@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu import strategy as strategy_lib
 from models import data, mlp
+from multigpu import strategy as strategy_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUN_TIMEOUT = 180
@@ -117,7 +117,7 @@ def test_a_single_device_machine_gets_one_replica():
         capture_output=True, text=True, timeout=RUN_TIMEOUT,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = dict(l.split("=", 1) for l in result.stdout.split() if "=" in l)
+    lines = dict(line.split("=", 1) for line in result.stdout.split() if "=" in line)
     assert lines["replicas"] == "1"
     assert lines["batch"] == "8"
     assert lines["finite"] == "True"

@@ -67,8 +67,8 @@ def _cases():
 
 
 def _staged_layer_count(model):
-    return len([l for l in model.layers
-                if not isinstance(l, keras.layers.InputLayer)])
+    return len([layer for layer in model.layers
+                if not isinstance(layer, keras.layers.InputLayer)])
 
 
 def _unsupported(name, engine, devices, model):
@@ -208,8 +208,8 @@ def test_predictions_equal_for_any_batch_size(name, engine, devices, data):
 @given(data=st.data())
 def test_any_split_trains_like_the_template(name, data):
     template = ZOO[name]()
-    layers = [l.name for l in template.layers
-              if not isinstance(l, keras.layers.InputLayer)]
+    layers = [layer.name for layer in template.layers
+              if not isinstance(layer, keras.layers.InputLayer)]
     devices = data.draw(st.integers(2, min(4, len(layers))), label="devices")
     starts = data.draw(st.lists(st.integers(1, len(layers) - 1),
                                 min_size=devices - 1, max_size=devices - 1,

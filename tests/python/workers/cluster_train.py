@@ -13,8 +13,8 @@ import os
 
 import _common
 
-import multigpu  # noqa: E402
-from multigpu import checkpoints  # noqa: E402
+import multigpu
+from multigpu import checkpoints
 
 # First, before TensorFlow starts: on GPU nodes it gives the task its GPUs.
 strategy = multigpu.multi_worker_strategy()

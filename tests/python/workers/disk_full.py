@@ -8,11 +8,10 @@ Prints the OSError that ends training; exits 0 unless the process crashes.
 import sys
 
 import _common  # noqa: F401
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import multigpu  # noqa: E402
+import multigpu
 
 
 def main(directory, units):

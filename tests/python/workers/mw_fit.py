@@ -8,12 +8,11 @@ import os
 import sys
 
 import _common
+import keras
+import numpy as np
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-import multigpu  # noqa: E402
-from models import mlp  # noqa: E402
+import multigpu
+from models import mlp
 
 PER_REPLICA = 8
 EPOCHS = 3

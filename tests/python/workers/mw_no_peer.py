@@ -10,7 +10,7 @@ if _common.worker_index() == 1:
     print("worker 1 hangs before joining", flush=True)
     time.sleep(3600)
 
-import multigpu  # noqa: E402
+import multigpu
 
 multigpu.multi_worker_strategy()
 print("worker 0 joined a cluster that cannot exist", flush=True)

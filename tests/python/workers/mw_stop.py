@@ -11,8 +11,8 @@ import time
 
 import _common
 
-import multigpu  # noqa: E402
-from models import mlp  # noqa: E402
+import multigpu
+from models import mlp
 
 strategy = multigpu.multi_worker_strategy()
 if _common.worker_index() == 1:

@@ -10,7 +10,7 @@ import time
 
 import _common
 
-import multigpu  # noqa: E402
+import multigpu
 
 multigpu.virtual_devices(2)
 

@@ -16,7 +16,7 @@ import signal
 
 import _common
 
-import multigpu  # noqa: E402
+import multigpu
 
 multigpu.virtual_devices(2)
 
@@ -24,7 +24,6 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from multigpu import checkpoints  # noqa: E402
-from models import mlp  # noqa: E402
 
 EPOCHS = 3
 

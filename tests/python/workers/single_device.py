@@ -1,11 +1,10 @@
 """mirrored_strategy() on a machine with one device: one replica, fit works."""
 
 import _common
+import numpy as np
 
-import multigpu  # noqa: E402
-import numpy as np  # noqa: E402
-
-from models import mlp  # noqa: E402
+import multigpu
+from models import mlp
 
 strategy = multigpu.mirrored_strategy()
 with strategy.scope():
