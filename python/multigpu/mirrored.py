@@ -25,52 +25,10 @@ import tensorflow as tf
 
 from multigpu import saving
 from multigpu import strategy as strategy_lib
-from multigpu.messages import literal, literals, setting
-
-ENGINES = ("replicate", "mirrored")
-# bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
-# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
-#   devices   replicate   mirrored
-#      1        0.59        0.43
-#      2        0.97        0.22
-#      4        0.97        0.16
-# The replicate engine runs one graph whose replicas share the template's
-# variables: no variable copies, no collectives. The mirrored engine pays per
-# step for MirroredStrategy's replica dispatch, a collective all-reduce of
-# every gradient, per-replica optimizer updates and the all-reduce of row
-# counts that keeps uneven batches exact. Replicate is the default.
-DEFAULT_ENGINE = "replicate"
-
-
-def check_engine(engine, cpu_merge=True):
-    """Validates the `engine` argument of `multi_gpu_model`.
-
-    Args:
-        engine: `"replicate"` or `"mirrored"`.
-        cpu_merge: The `cpu_merge` argument, which only the replicate engine
-            uses.
-
-    Returns:
-        `engine`.
-
-    Raises:
-        ValueError: for an unknown engine, or `cpu_merge=False` with the
-            mirrored engine (it has no merge step).
-    """
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(
-            f"Invalid `engine`: received {literal(engine)}; expected one of "
-            f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
-            f"replicas of one model, {literal('mirrored')} trains through "
-            "tf.distribute.MirroredStrategy."
-        )
-    if engine == "mirrored" and cpu_merge is False:
-        raise ValueError(
-            f"Invalid `cpu_merge`: received {literal(False)} with {setting('engine', 'mirrored')}. "
-            "cpu_merge places the merge of replica outputs, which only "
-            f"{setting('engine', 'replicate')} has; leave {setting('cpu_merge', True)}."
-        )
-    return engine
+from multigpu.forward import flat_forward, with_logits
+from multigpu.functional import callable_graph, output_names
+from multigpu.messages import literal, setting
+from multigpu.template import template_compile_arguments
 
 
 class _Ref:
@@ -144,8 +102,6 @@ class MirroredModel(keras.Model):
     """
 
     def __init__(self, template, devices, **kwargs):
-        from multigpu import replicas
-
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
         with strategy.scope():
@@ -160,8 +116,8 @@ class MirroredModel(keras.Model):
             _check_same_weights(template, replica)
             replica.set_weights(template.get_weights())
             kwargs.setdefault("name", f"{template.name}_mirrored")
-            graph = replicas.callable_graph(replica)
-            names = replicas.output_names(replicas.callable_graph(template))
+            graph = callable_graph(replica)
+            names = output_names(callable_graph(template))
             super().__init__(inputs=graph.input,
                              outputs=_named_like(graph, names), **kwargs)
         self._template_ref = _Ref(template)
@@ -201,15 +157,13 @@ class MirroredModel(keras.Model):
         An optimizer instance made outside the scope is re-created inside it
         from its config (it must not have been used yet).
         """
-        from multigpu import replicas
-
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             super().compile(optimizer, *args, jit_compile=jit_compile,
                             **kwargs)
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
-        self.template.compile(**replicas.template_compile_arguments(
+        self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
             keras.optimizers.deserialize(
                 keras.optimizers.serialize(self.optimizer)),
@@ -347,15 +301,13 @@ class MirroredModel(keras.Model):
         runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
         gradient, no side effects.
         """
-        from multigpu import replicas
-
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,
                                                    mask=mask)
 
         logits_at = []
-        forward = replicas.flat_forward(functional, inputs, training, logits_at)
-        flat = replicas.with_logits(forward(*keras.tree.flatten(inputs)),
+        forward = flat_forward(functional, inputs, training, logits_at)
+        flat = with_logits(forward(*keras.tree.flatten(inputs)),
                                     logits_at)
         return keras.tree.pack_sequence_as(self._outputs_struct, flat)
 

@@ -1,0 +1,119 @@
+"""Models and layers backed by a template: the template holds the weights.
+
+`TemplateLayer` runs a template model inside another model; `TemplateBacked`
+gives a wrapping model the compile and save behaviour of its template, so
+files it writes are plain Keras models. Every engine builds on both.
+"""
+
+import inspect
+import warnings
+
+import keras
+
+from multigpu import saving
+from multigpu.functional import callable_graph, layer_name
+from multigpu.messages import setting
+
+
+class TemplateLayer(keras.layers.Layer):
+    """A layer that runs a (compiled) template model inside another model."""
+
+    @property
+    def metrics(self):
+        # The template's compiled metrics are the template's to report; the
+        # outer model has its own, computed on the merged outputs.
+        return []
+
+
+def _by_position(value, names):
+    """A dict keyed by output names as a list in output order; else as is."""
+    if isinstance(value, dict) and set(value) <= set(names):
+        return [value.get(name) for name in names]
+    return value
+
+
+def template_compile_arguments(template, names, optimizer, args, kwargs):
+    """The `compile` arguments of a wrapping model, for its template.
+
+    Args:
+        template: The template model.
+        names: The wrapping model's (unique) output names.
+        optimizer: The optimizer the template gets.
+        args: Positional arguments of `compile` after `optimizer`.
+        kwargs: Keyword arguments of `compile` (without `optimizer`).
+
+    Returns:
+        A dict of keyword arguments for `template.compile`. Where the
+        template's outputs share names that the wrapper's have apart,
+        dicts keyed by output name become lists in output order.
+
+    Example:
+    >>> template.compile(**template_compile_arguments(
+    ...     template, parallel.output_names, parallel.optimizer, (), kwargs))
+    """
+    arguments = inspect.signature(keras.Model.compile).bind(
+        template, optimizer, *args, **kwargs).arguments
+    arguments.pop("self")
+    arguments.update(arguments.pop("kwargs", {}))
+    own = [layer_name(t)
+           for t in keras.tree.flatten(callable_graph(template).output)]
+    if list(names) != own:
+        for key in ("loss", "loss_weights", "metrics", "weighted_metrics"):
+            if key in arguments:
+                arguments[key] = _by_position(arguments[key], names)
+    return arguments
+
+
+class TemplateBacked:
+    """Compiling and saving for models whose weights are `self.template`'s.
+
+    `compile` compiles the template alike, sharing the optimizer; `save`,
+    `save_weights` and `load_weights` act on the template, so files are plain
+    Keras models. Shared by `ParallelModel` and `PartitionedModel`.
+    """
+
+    parallelism = "the device placement"
+
+    def compile(self, *args, jit_compile=False, **kwargs):
+        """Compiles like `keras.Model.compile`, and the template alike.
+
+        The template is (re)compiled with the same loss and metrics and
+        shares this model's optimizer, the one that trains the shared
+        weights: saved files then carry the compile configuration and the
+        optimizer state that training produced (even when the template had
+        been compiled before), and `template.evaluate` works after training
+        this model. `jit_compile` is always False: XLA would compile the step
+        into one cluster on one device.
+        """
+        if jit_compile is True:
+            warnings.warn(
+                f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
+                f"into one cluster on one device, undoing {self.parallelism}.",
+                UserWarning, stacklevel=2,
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+        arguments = inspect.signature(keras.Model.compile).bind(
+            self.template, *args, **kwargs).arguments
+        arguments.pop("self")
+        arguments.pop("optimizer", None)
+        arguments.update(arguments.pop("kwargs", {}))
+        arguments = template_compile_arguments(
+            self.template, self.output_names, self.optimizer, (), arguments)
+        self.template.compile(**arguments)
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `template` (architecture and the shared trained weights).
+
+        `.h5` files load compiled with stock `keras.models.load_model`
+        (see `multigpu.saving.save_model`).
+        """
+        return saving.save_model(self.template, filepath, overwrite=overwrite,
+                                 **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `template`'s weights, loadable by `template.load_weights`."""
+        return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved from the template (or from this model)."""
+        return self.template.load_weights(filepath, **kwargs)
