@@ -20,17 +20,12 @@ from multigpu.template import TemplateBacked
 ENGINES = ("replicate", "mirrored")
 
 
-# bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
-# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
-#   devices   replicate   mirrored
-#      1        0.59        0.43
-#      2        0.97        0.22
-#      4        0.97        0.16
 # The replicate engine runs one graph whose replicas share the template's
 # variables: no variable copies, no collectives. The mirrored engine pays per
 # step for MirroredStrategy's replica dispatch, a collective all-reduce of
 # every gradient, per-replica optimizer updates and the all-reduce of row
-# counts that keeps uneven batches exact. Replicate is the default.
+# counts that keeps uneven batches exact. `python -m bench` measures both
+# side by side (docs/benchmarks.md).
 DEFAULT_ENGINE = "replicate"
 
 
@@ -67,7 +62,7 @@ def check_engine(engine, cpu_merge=True):
 
 def _check_not_parallel(model):
     """Refuses a model this package already spread over devices."""
-    if isinstance(model, (TemplateBacked, MirroredModel)):
+    if isinstance(model, TemplateBacked):
         raise ValueError(
             f"Invalid `model`: {literal(model.name)} is already a parallel "
             f"model (from {api('multi_gpu_model')} or "
@@ -79,8 +74,8 @@ def _check_not_parallel(model):
 def relocate_to_cpu(model):
     """Rebuilds `model` with its variables on the CPU, keeping its weights.
 
-    The original `cpu_relocation` re-created the weights and so lost what the
-    model had learned (keras-team/keras#11313); this copies them over.
+    The weights are copied over, not re-created: re-created weights would
+    lose what the model has learned (keras-team/keras#11313).
     """
     try:
         with tf.device(HOST_DEVICE):
@@ -124,8 +119,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             of the template, outputs concatenated) or `"mirrored"` (train a
             copy through `tf.distribute.MirroredStrategy`, mirrored variables
             and all-reduced gradients; same contract, see
-            `multigpu.mirrored`). `bench/engines.py` compares them; replicate
-            was faster on every device count measured.
+            `multigpu.mirrored`). The replicate engine has no variable
+            copies and no collectives; `python -m bench` measures both.
 
     Returns:
         A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.

@@ -10,6 +10,8 @@ becomes such a function without losing the logits Keras's losses read
 import keras
 import tensorflow as tf
 
+from multigpu import internals
+
 HOST_DEVICE = "/device:CPU:0"
 
 
@@ -157,7 +159,7 @@ def flat_forward(model, inputs_struct, training, logits_at, guard=True):
         def forward(*flat):
             args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
             ys = keras.tree.flatten(model(args, training=mode))
-            logits = [getattr(y, "_keras_logits", None) for y in ys]
+            logits = [internals.logits_of(y) for y in ys]
             logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
             return ys + [logits[i] for i in logits_at]
 
@@ -173,7 +175,7 @@ def with_logits(flat_outputs, logits_at):
     values = list(flat_outputs[: len(flat_outputs) - len(logits_at)])
     for index, logits in zip(logits_at, flat_outputs[len(values):]):
         try:
-            values[index]._keras_logits = logits
+            internals.attach_logits(values[index], logits)
         except AttributeError:  # eager tensors take no attributes
             pass
     return values

@@ -8,11 +8,12 @@ metric dicts keyed by them work unchanged.
 
 import keras
 
+from multigpu import internals
 from multigpu.messages import api, literal
 
 
 def layer_name(tensor):
-    return tensor._keras_history.operation.name
+    return internals.producing_operation(tensor).name
 
 
 def unique_names(names):

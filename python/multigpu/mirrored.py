@@ -16,19 +16,18 @@ contract of the replicate engine:
   of the template on that batch, also when the batch does not split evenly
   between replicas (see `MirroredModel.compute_loss`).
 
-Which engine is faster is measured by `bench/engines.py`; `DEFAULT_ENGINE`
-is the winner on this project's benchmark machine (see `multi_gpu_model`).
+The default engine is `"replicate"` (`multigpu.engines.DEFAULT_ENGINE`),
+whose replicas share one set of variables; `python -m bench` measures both.
 """
 
 import keras
 import tensorflow as tf
 
-from multigpu import saving
 from multigpu import strategy as strategy_lib
 from multigpu.forward import flat_forward, with_logits
-from multigpu.functional import callable_graph, output_names
+from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
-from multigpu.template import template_compile_arguments
+from multigpu.template import TemplateBacked, template_compile_arguments
 
 
 class _Ref:
@@ -82,7 +81,7 @@ def _named_like(graph, names):
     """
     flat = keras.tree.flatten(graph.output)
     renamed = [
-        t if t._keras_history.operation.name == name
+        t if layer_name(t) == name
         else keras.layers.Identity(name=name)(t)
         for t, name in zip(flat, names)
     ]
@@ -90,7 +89,7 @@ def _named_like(graph, names):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class MirroredModel(keras.Model):
+class MirroredModel(TemplateBacked, keras.Model):
     """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
 
     Made by `multi_gpu_model(model, engine="mirrored")`. Use it like the
@@ -142,9 +141,16 @@ class MirroredModel(keras.Model):
     def engine(self):
         return "mirrored"
 
-    def copy_to_template(self):
-        """Copies the replicas' (trained) weights to the template."""
+    def copy_to_template(self, optimizer_state=False):
+        """Copies the replicas' (trained) weights to the template.
+
+        Args:
+            optimizer_state: Also copy the optimizer's state into the
+                template's optimizer (`compile` gave it one of its own).
+        """
         self.template.set_weights(super().get_weights())
+        if optimizer_state:
+            self._copy_optimizer_state()
 
     def copy_from_template(self):
         """Copies the template's weights to every replica."""
@@ -155,12 +161,14 @@ class MirroredModel(keras.Model):
         """Compiles under the strategy's scope (so optimizer state mirrors).
 
         An optimizer instance made outside the scope is re-created inside it
-        from its config (it must not have been used yet).
+        from its config (it must not have been used yet). Unlike the other
+        engines' models, the template gets an optimizer of its own: this
+        one's variables are mirrored.
         """
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
-            super().compile(optimizer, *args, jit_compile=jit_compile,
-                            **kwargs)
+            keras.Model.compile(self, optimizer, *args,
+                                jit_compile=jit_compile, **kwargs)
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
@@ -273,24 +281,6 @@ class MirroredModel(keras.Model):
         self.template.set_weights(weights)
         self.copy_from_template()
 
-    def save(self, filepath, overwrite=True, **kwargs):
-        """Saves `template` (architecture and trained weights)."""
-        self.copy_to_template()
-        self._copy_optimizer_state()
-        return saving.save_model(self.template, filepath, overwrite=overwrite,
-                                 **kwargs)
-
-    def save_weights(self, filepath, overwrite=True, **kwargs):
-        """Saves `template`'s weights, loadable by `template.load_weights`."""
-        self.copy_to_template()
-        return self.template.save_weights(filepath, overwrite=overwrite,
-                                          **kwargs)
-
-    def load_weights(self, filepath, **kwargs):
-        """Loads weights saved from the template into it and the replicas."""
-        self.template.load_weights(filepath, **kwargs)
-        self.copy_from_template()
-
     def call(self, inputs, training=None, mask=None):
         """The replica's forward pass, safe on a share of zero rows.
 
@@ -347,23 +337,3 @@ class MirroredModel(keras.Model):
                 _first_local(self.strategy), batch
             )
         return super()._maybe_symbolic_build(data_batch=data_batch)
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "template": keras.saving.serialize_keras_object(self.template),
-            "devices": self.devices,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        from multigpu import devices as devices_lib
-
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        devices = config.pop("devices")
-        if len(devices) > 1:
-            devices = devices_lib.resolve_devices(devices)
-        return cls(template, devices, **config)

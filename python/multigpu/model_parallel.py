@@ -13,12 +13,14 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu.arguments import check_int
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import layer_name, named_like, symbolic_graph
 from multigpu.messages import literal
 from multigpu.pipeline import StagePlan, Stages
-from multigpu.stage_split import is_group, resolve_stages, staged_layers, variable_bytes
+from multigpu.stage_split import is_group, resolve_stages, staged_layers
 from multigpu.template import TemplateBacked
+from multigpu.variables import variable_bytes, variable_device
 
 
 def place_template(model, stages, devices):
@@ -83,14 +85,6 @@ def place_template(model, stages, devices):
     return placed
 
 
-def variable_device(variable):
-    """Canonical device of a Keras or TensorFlow variable."""
-    handle = getattr(variable, "value", variable)
-    return devices_lib.canonical_device_name(
-        "/device:" + handle.device.rsplit("/device:", 1)[-1]
-    )
-
-
 @keras.saving.register_keras_serializable(package="multigpu")
 class PartitionedModel(TemplateBacked, keras.Model):
     """A Keras model that runs `template` as stages on several devices.
@@ -102,6 +96,7 @@ class PartitionedModel(TemplateBacked, keras.Model):
     """
 
     parallelism = "model parallelism"
+    config_keys = ("devices", "stages", "microbatches")
 
     def __init__(self, template, devices, stages, microbatches=1, **kwargs):
         inputs = keras.tree.map_structure(
@@ -155,26 +150,13 @@ class PartitionedModel(TemplateBacked, keras.Model):
                 "device": device,
                 "layers": list(names),
                 "variables": len(variables),
-                "variable_bytes": variable_bytes(variables),
+                "variable_bytes": sum(variable_bytes(v) for v in variables),
             })
         return rows
 
-    def get_config(self):
-        return {
-            "name": self.name,
-            "template": keras.saving.serialize_keras_object(self.template),
-            "devices": self.devices,
-            "stages": self.stages,
-            "microbatches": self.microbatches,
-        }
-
     @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        devices = devices_lib.resolve_devices(config.pop("devices"))
+    def from_template(cls, template, devices, **config):
+        """The model over a deserialized template, its weights placed anew."""
         placed = place_template(template, config["stages"], devices)
         return cls(placed, devices, **config)
 
@@ -191,16 +173,6 @@ def _input_like(tensor, microbatches):
         batch_shape=tensor.shape, dtype=tensor.dtype, sparse=tensor.sparse,
         name=layer_name(tensor),
     )
-
-
-def _check_microbatches(microbatches):
-    if not devices_lib._is_int(microbatches) or int(microbatches) < 1:
-        raise ValueError(
-            f"Invalid `microbatches`: received {literal(microbatches)}; expected an "
-            "int >= 1 (1: no pipelining; k: each batch runs as k "
-            "micro-batches that overlap across stages)."
-        )
-    return int(microbatches)
 
 
 def _resolve_model_devices(devices, split):
@@ -262,7 +234,9 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     >>> partitioned.save("model.keras")   # a plain Keras model
     """
     symbolic_graph(model)
-    microbatches = _check_microbatches(microbatches)
+    microbatches = check_int("microbatches", microbatches, 1, expected=(
+        "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "
+        "that overlap across stages)"))
     devices = _resolve_model_devices(devices, split)
     stages = resolve_stages(model, len(devices), split)
     StagePlan(model, stages, devices)  # reject uncuttable splits before copying

@@ -9,6 +9,7 @@ micro-batches (GPipe).
 import keras
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu.forward import HOST_DEVICE, forward_only_when_empty, on_device, split_bounds
 from multigpu.functional import symbolic_graph
 from multigpu.messages import literal, setting
@@ -19,8 +20,9 @@ def _execution_order(graph):
     """The graph's computing nodes in an order that respects their inputs."""
     ready = {id(x) for x in graph.inputs}
     order = []
-    for depth in sorted(graph._nodes_by_depth, reverse=True):
-        for node in graph._nodes_by_depth[depth]:
+    by_depth = internals.nodes_by_depth(graph)
+    for depth in sorted(by_depth, reverse=True):
+        for node in by_depth[depth]:
             if not node.operation or node.is_input:
                 continue
             if any(id(x) not in ready for x in node.input_tensors):
@@ -144,9 +146,10 @@ class Stages(TemplateLayer):
         microbatches: Number of micro-batches each batch is cut into.
     """
 
+    config_keys = ("devices", "stages", "microbatches")
+
     def __init__(self, template, devices, stages, microbatches=1, **kwargs):
-        super().__init__(**kwargs)
-        self.template = template
+        super().__init__(template, **kwargs)
         self.devices = list(devices)
         self.stages = [list(names) for names in stages]
         self.microbatches = int(microbatches)
@@ -206,24 +209,3 @@ class Stages(TemplateLayer):
             with tf.device(self.devices[-1]):
                 merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
         return keras.tree.pack_sequence_as(self._plan.graph.output, merged)
-
-    def compute_output_spec(self, inputs, training=None):
-        return self.template.compute_output_spec(inputs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            template=keras.saving.serialize_keras_object(self.template),
-            devices=self.devices,
-            stages=self.stages,
-            microbatches=self.microbatches,
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        return cls(template, **config)

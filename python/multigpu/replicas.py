@@ -11,7 +11,6 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from multigpu import devices as devices_lib
 from multigpu import gradients as gradients_lib
 from multigpu.forward import HOST_DEVICE, flat_forward, on_device, split_bounds, with_logits
 from multigpu.functional import callable_graph, layer_name, named_like
@@ -32,9 +31,10 @@ class DataParallel(TemplateLayer):
             outputs concatenated.
     """
 
+    config_keys = ("devices", "merge_device")
+
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
-        super().__init__(**kwargs)
-        self.template = template
+        super().__init__(template, **kwargs)
         self.devices = list(devices)
         self.merge_device = merge_device
         self._output_struct = callable_graph(template).output
@@ -47,8 +47,8 @@ class DataParallel(TemplateLayer):
 
         A caller that knows a batch has at least one row per device
         (`ParallelModel`'s steps decide once per step) can drop the
-        per-replica zero-row guard, whose `tf.cond` (and its gradient, in
-        training) costs up to 15% of a step; it can also send a batch to
+        per-replica zero-row guard, a `tf.cond` per replica (and its
+        gradient, in training) in every step; it can also send a batch to
         one device.
 
         Args:
@@ -90,26 +90,6 @@ class DataParallel(TemplateLayer):
         with tf.device(self.merge_device):
             return [tf.concat(parts, axis=0) for parts in zip(*outputs)]
 
-    def compute_output_spec(self, inputs, training=None):
-        return self.template.compute_output_spec(inputs)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            template=keras.saving.serialize_keras_object(self.template),
-            devices=self.devices,
-            merge_device=self.merge_device,
-        )
-        return config
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        return cls(template, **config)
-
 
 def _input_like(tensor):
     if tensor.shape[0] is not None:
@@ -138,6 +118,7 @@ class ParallelModel(TemplateBacked, keras.Model):
     """
 
     parallelism = "data parallelism"
+    config_keys = ("devices", "merge_device")
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
         graph = callable_graph(template)
@@ -183,8 +164,8 @@ class ParallelModel(TemplateBacked, keras.Model):
         last one of an epoch, or a batch size below the device count) runs
         on the first device as one sub-batch, exactly as the template would,
         guarded against zero rows. Both are traced into one `tf.cond`, which
-        runs only the branch it takes; a guard on every replica instead cost
-        up to 15% of each training step (`bench/`).
+        runs only the branch it takes, so a full batch pays for no guard:
+        one `tf.cond` per step instead of one per replica (and its gradient).
         """
         layer = self.replicas_layer
         devices = layer.devices
@@ -206,20 +187,3 @@ class ParallelModel(TemplateBacked, keras.Model):
         """How a batch of `batch_size` rows is split: `[(device, rows)]`."""
         bounds = split_bounds(int(batch_size), len(self.devices))
         return [(d, bounds[i + 1] - bounds[i]) for i, d in enumerate(self.devices)]
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "template": keras.saving.serialize_keras_object(self.template),
-            "devices": self.devices,
-            "merge_device": self.merge_device,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        devices = devices_lib.resolve_devices(config.pop("devices"))
-        return cls(template, devices, **config)

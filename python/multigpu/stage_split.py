@@ -6,10 +6,10 @@ user says. Nothing here touches a device.
 """
 
 import keras
-import numpy as np
 
-from multigpu import devices as devices_lib
+from multigpu.arguments import is_int
 from multigpu.messages import literal
+from multigpu.variables import variable_bytes
 
 _MAX_NAMES_SHOWN = 30
 
@@ -22,12 +22,6 @@ def staged_layers(model):
     ]
 
 
-def variable_bytes(variables):
-    return sum(
-        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables
-    )
-
-
 def _layer_bytes(layers):
     """Bytes of each layer's weights, each variable counted once."""
     seen = set()
@@ -35,7 +29,7 @@ def _layer_bytes(layers):
     for layer in layers:
         fresh = [v for v in layer.weights if id(v) not in seen]
         seen.update(id(v) for v in fresh)
-        sizes.append(variable_bytes(fresh))
+        sizes.append(sum(variable_bytes(v) for v in fresh))
     return sizes
 
 
@@ -117,7 +111,7 @@ def _position(model, layers, entry):
             f"Invalid `split`: unknown layer name {literal(entry)}. The layers of "
             f"{literal(model.name)} are {_names_hint(layers)}."
         )
-    if devices_lib._is_int(entry):
+    if is_int(entry):
         index = int(entry)
         if not -len(model.layers) <= index < len(model.layers):
             raise ValueError(

@@ -10,19 +10,51 @@ import warnings
 
 import keras
 
+from multigpu import devices as devices_lib
 from multigpu import saving
 from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import setting
 
 
 class TemplateLayer(keras.layers.Layer):
-    """A layer that runs a (compiled) template model inside another model."""
+    """A layer that runs a (compiled) template model inside another model.
+
+    Subclasses name the arguments of their constructor after `template`
+    in `config_keys`, each readable as an attribute of the same name: that
+    is their whole config.
+
+    Args:
+        template: The model the layer runs; its weights are the layer's.
+    """
+
+    config_keys = ()
+
+    def __init__(self, template, **kwargs):
+        super().__init__(**kwargs)
+        self.template = template
 
     @property
     def metrics(self):
         # The template's compiled metrics are the template's to report; the
         # outer model has its own, computed on the merged outputs.
         return []
+
+    def compute_output_spec(self, inputs, training=None):
+        return self.template.compute_output_spec(inputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config["template"] = keras.saving.serialize_keras_object(self.template)
+        config.update((key, getattr(self, key)) for key in self.config_keys)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        template = keras.saving.deserialize_keras_object(
+            config.pop("template"), custom_objects=custom_objects
+        )
+        return cls(template, **config)
 
 
 def _by_position(value, names):
@@ -65,14 +97,37 @@ def template_compile_arguments(template, names, optimizer, args, kwargs):
 
 
 class TemplateBacked:
-    """Compiling and saving for models whose weights are `self.template`'s.
+    """Compiling, saving and config for models whose weights are a template's.
 
-    `compile` compiles the template alike, sharing the optimizer; `save`,
-    `save_weights` and `load_weights` act on the template, so files are plain
-    Keras models. Shared by `ParallelModel` and `PartitionedModel`.
+    Mixed into a `keras.Model` (before it) by every engine's model:
+    `ParallelModel`, `MirroredModel`, `PartitionedModel`. `compile` compiles
+    the template alike, sharing the optimizer; `save`, `save_weights` and
+    `load_weights` act on the template, so files are plain Keras models. A
+    model that trains copies of the template's variables (the mirrored
+    engine) overrides `copy_to_template` and `copy_from_template`, which
+    saving and loading call.
+
+    A subclass provides `template` and `devices`, takes
+    `(template, devices, *config_keys[1:])` in its constructor and names its
+    config in `config_keys`, each readable as an attribute.
     """
 
     parallelism = "the device placement"
+    config_keys = ("devices",)
+
+    def copy_to_template(self, optimizer_state=False):
+        """Copies what this model trained into the template.
+
+        Nothing to copy here: the template's variables, and its optimizer,
+        are this model's.
+
+        Args:
+            optimizer_state: Also copy the optimizer's state, so that a
+                saved template resumes training where this model stopped.
+        """
+
+    def copy_from_template(self):
+        """Copies the template's weights into this model (here: shared)."""
 
     def compile(self, *args, jit_compile=False, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
@@ -107,13 +162,46 @@ class TemplateBacked:
         `.h5` files load compiled with stock `keras.models.load_model`
         (see `multigpu.saving.save_model`).
         """
+        self.copy_to_template(optimizer_state=True)
         return saving.save_model(self.template, filepath, overwrite=overwrite,
                                  **kwargs)
 
     def save_weights(self, filepath, overwrite=True, **kwargs):
         """Saves `template`'s weights, loadable by `template.load_weights`."""
+        self.copy_to_template()
         return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def load_weights(self, filepath, **kwargs):
         """Loads weights saved from the template (or from this model)."""
-        return self.template.load_weights(filepath, **kwargs)
+        self.template.load_weights(filepath, **kwargs)
+        self.copy_from_template()
+
+    def get_config(self):
+        config = {
+            "name": self.name,
+            "template": keras.saving.serialize_keras_object(self.template),
+        }
+        config.update((key, getattr(self, key)) for key in self.config_keys)
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        template = keras.saving.deserialize_keras_object(
+            config.pop("template"), custom_objects=custom_objects
+        )
+        devices = config.pop("devices")
+        if len(devices) > 1:  # one device: a machine that has only one
+            devices = devices_lib.resolve_devices(devices)
+        return cls.from_template(template, devices, **config)
+
+    @classmethod
+    def from_template(cls, template, devices, **config):
+        """The model over a deserialized `template`, as `from_config` builds it.
+
+        Args:
+            template: The template, as saved (weights where Keras put them).
+            devices: Canonical device names.
+            **config: The rest of `get_config()`.
+        """
+        return cls(template, devices, **config)

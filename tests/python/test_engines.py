@@ -20,7 +20,7 @@ def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
     return template, parallel, reference
 
 
-def test_default_engine_is_the_benchmark_winner():
+def test_default_engine_is_replicate():
     assert engines.DEFAULT_ENGINE == "replicate"
     parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
     assert isinstance(parallel, multigpu.ParallelModel)
