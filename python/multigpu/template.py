@@ -16,6 +16,34 @@ from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import setting
 
 
+def template_config(owner):
+    """The config of a template-backed layer or model, Keras's aside.
+
+    Args:
+        owner: A `TemplateLayer` or `TemplateBacked` model.
+
+    Returns:
+        `{"template": <the template, serialized>, key: value, ...}` for the
+        keys of `owner.config_keys`.
+    """
+    config = {"template": keras.saving.serialize_keras_object(owner.template)}
+    config.update((key, getattr(owner, key)) for key in owner.config_keys)
+    return config
+
+
+def split_template_config(config, custom_objects=None):
+    """The template, deserialized, and the rest of a `template_config`.
+
+    Returns:
+        `(template, rest)`: a Keras model and a new dict without `template`.
+    """
+    config = dict(config)
+    template = keras.saving.deserialize_keras_object(
+        config.pop("template"), custom_objects=custom_objects
+    )
+    return template, config
+
+
 class TemplateLayer(keras.layers.Layer):
     """A layer that runs a (compiled) template model inside another model.
 
@@ -43,17 +71,11 @@ class TemplateLayer(keras.layers.Layer):
         return self.template.compute_output_spec(inputs)
 
     def get_config(self):
-        config = super().get_config()
-        config["template"] = keras.saving.serialize_keras_object(self.template)
-        config.update((key, getattr(self, key)) for key in self.config_keys)
-        return config
+        return {**super().get_config(), **template_config(self)}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
+        template, config = split_template_config(config, custom_objects)
         return cls(template, **config)
 
 
@@ -177,19 +199,11 @@ class TemplateBacked:
         self.copy_from_template()
 
     def get_config(self):
-        config = {
-            "name": self.name,
-            "template": keras.saving.serialize_keras_object(self.template),
-        }
-        config.update((key, getattr(self, key)) for key in self.config_keys)
-        return config
+        return {"name": self.name, **template_config(self)}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
+        template, config = split_template_config(config, custom_objects)
         devices = config.pop("devices")
         if len(devices) > 1:  # one device: a machine that has only one
             devices = devices_lib.resolve_devices(devices)
