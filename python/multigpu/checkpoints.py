@@ -194,14 +194,14 @@ def _input_replay_problem(model):
 def _adapter_problem(epoch_iterator):
     adapter = getattr(epoch_iterator, "data_adapter", None)
     kind = type(adapter).__name__
-    if kind == "ArrayDataAdapter" and getattr(adapter, "_shuffle", False):
+    if kind == "ArrayDataAdapter" and internals.adapter_shuffles(adapter):
         return (f"fit(shuffle={literal(True)}) shuffles arrays without a "
                 f"seed; pass shuffle={literal(False)}, or a dataset made by "
                 f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}")
     if kind in ("GeneratorDataAdapter", "PyDatasetAdapter"):
         return ("a Python generator or PyDataset is replayed only if it "
                 "yields the same batches in every epoch")
-    dataset = getattr(adapter, "_dataset", None)
+    dataset = internals.adapter_dataset(adapter)
     if isinstance(dataset, tf.data.Dataset):
         return data_lib.replay_problem(dataset)
     return None

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu import internals
-from multigpu.arguments import check_flag, check_int
+from multigpu.arguments import check_flag, check_int, is_int
 from multigpu.messages import api, literal, literals, setting
 
 _SHARD_POLICIES = {
@@ -82,8 +82,8 @@ def replay_problem(dataset):
             continue
         seen.add(id(current))
         kind = type(current).__name__
-        if kind == "_ShuffleDataset" and getattr(
-                current, "_reshuffle_each_iteration", False):
+        if kind == "_ShuffleDataset" and (
+                internals.reshuffles_each_iteration(current)):
             return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
                     "True), whose order in a resumed epoch differs; use "
                     f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}"
@@ -204,8 +204,7 @@ def _cached(dataset, cache):
 def _check_seed(seed):
     if seed is None:
         return None
-    if isinstance(seed, (int, np.integer)) and not isinstance(
-            seed, (bool, np.bool_)):
+    if is_int(seed):
         return int(seed)
     raise ValueError(
         f"Invalid `seed`: received {literal(seed)}; expected "

@@ -148,7 +148,7 @@ def symbolic_graph(model):
             f"{type(model).__name__}; expected a keras.Model (Sequential or "
             "functional)."
         )
-    graph = getattr(model, "_functional", None) or model
+    graph = internals.functional_graph_of(model) or model
     try:
         _ = graph.input, graph.output
     except (AttributeError, ValueError):

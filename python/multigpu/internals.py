@@ -91,3 +91,39 @@ def move_gradient_to_op(op, name):
 def tensorflow_started():
     """Whether TensorFlow's runtime (and so CUDA) has been initialised."""
     return context.context()._context_handle is not None
+
+
+def functional_graph_of(model):
+    """The functional graph Keras keeps inside a Sequential model, or None."""
+    return getattr(model, "_functional", None)
+
+
+def nested_layers(layer):
+    """The layers inside `layer` (a nested model or layer), at any depth."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    return list(flatten(include_self=False)) if flatten else []
+
+
+def keras_mask(tensor):
+    """The Keras mask a symbolic tensor carries (Embedding(mask_zero), ...)."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def takes_training_argument(operation):
+    """Whether a layer's `call` takes Keras's `training` argument."""
+    return "training" in getattr(operation, "_call_context_args", ())
+
+
+def reshuffles_each_iteration(dataset):
+    """Whether a `Dataset.shuffle` dataset draws a new order every epoch."""
+    return bool(getattr(dataset, "_reshuffle_each_iteration", False))
+
+
+def adapter_shuffles(adapter):
+    """Whether a Keras data adapter of arrays shuffles them (`fit(shuffle=)`)."""
+    return bool(getattr(adapter, "_shuffle", False))
+
+
+def adapter_dataset(adapter):
+    """The `tf.data.Dataset` a Keras data adapter reads, or None."""
+    return getattr(adapter, "_dataset", None)

@@ -111,7 +111,7 @@ class StagePlan:
         for stage, needed in enumerate(self.needs):
             for tensor_id in needed:
                 tensor = tensors.get(tensor_id)
-                if getattr(tensor, "_keras_mask", None) is not None:
+                if internals.keras_mask(tensor) is not None:
                     source = producer[tensor_id]
                     raise ValueError(
                         "Invalid `split`: the model cannot be cut there. The "
@@ -125,9 +125,8 @@ class StagePlan:
 
 def _call_args(node, values, training):
     args, kwargs = node.arguments.fill_in(values)
-    if training is not None and "training" in getattr(
-        node.operation, "_call_context_args", ()
-    ):
+    if training is not None and internals.takes_training_argument(
+            node.operation):
         kwargs["training"] = training
     return args, kwargs
 

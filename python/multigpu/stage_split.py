@@ -7,6 +7,7 @@ user says. Nothing here touches a device.
 
 import keras
 
+from multigpu import internals
 from multigpu.arguments import is_int
 from multigpu.messages import literal
 from multigpu.variables import variable_bytes
@@ -79,8 +80,7 @@ def balanced_split(sizes, num_stages):
 def _nested_owner(model, name):
     """The top-level layer that contains a nested layer called `name`."""
     for layer in staged_layers(model):
-        inner = getattr(layer, "_flatten_layers", None)
-        if inner and any(sub.name == name for sub in inner(include_self=False)):
+        if any(sub.name == name for sub in internals.nested_layers(layer)):
             return layer.name
     return None
 

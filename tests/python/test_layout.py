@@ -92,3 +92,24 @@ def test_no_module_imports_a_private_name_of_another(path):
     private = [f"{module}.{name}" for module, names in _imports(path)
                for name in names if name.startswith("_")]
     assert not private
+
+
+def _private_attributes_by_name(path):
+    """`getattr(x, "_name")`-style reads of private attributes in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")
+                and not str(node.args[1].value).startswith("__")):
+            found.append(f"{path.name}:{node.lineno} {node.args[1].value}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in PACKAGE.glob("*.py") if p.name != "internals.py"),
+    ids=lambda p: p.name)
+def test_only_internals_reads_private_attributes_by_name(path):
+    # ruff's SLF001 catches `x._name`; this catches getattr(x, "_name").
+    assert not _private_attributes_by_name(path)
