@@ -33,7 +33,25 @@ def _execution_order(graph):
 
 
 class StagePlan:
-    """Nodes of each stage and the tensors that cross stage boundaries."""
+    """Nodes of each stage and the tensors that cross stage boundaries.
+
+    Attributes:
+        graph: The template's functional graph.
+        nodes: Per stage, the graph nodes it runs, in execution order.
+        needs: Per stage, the ids of the tensors it reads from the model's
+            inputs or from earlier stages.
+        exports: Per stage, the ids of its tensors that later stages or the
+            model's outputs read.
+
+    Args:
+        template: A built Sequential or functional Keras model.
+        stages: One list of top-level layer names per stage.
+        devices: One device name per stage (for messages).
+
+    Raises:
+        ValueError: if a stage reads the output of a later stage, or a Keras
+            mask would cross a stage boundary.
+    """
 
     def __init__(self, template, stages, devices):
         self.graph = symbolic_graph(template)
