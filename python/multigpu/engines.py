@@ -1,8 +1,10 @@
 """`multi_gpu_model` and its engines: how a model is spread over devices.
 
-The engine registry (`ENGINES`, `DEFAULT_ENGINE`, `check_engine`) and the
-public entry point that validates its arguments once and hands the template
-to the engine it names: `replicas.ParallelModel` or `MirroredModel`.
+The engines `multi_gpu_model` offers (`ENGINES`, `DEFAULT_ENGINE`,
+`check_engine`) and the public entry point, which validates its arguments
+once and hands the template to the engine named: `replicas.ParallelModel`
+or `mirrored.MirroredModel`. Each engine is a peer module; none imports
+another.
 """
 
 import keras
