@@ -29,10 +29,11 @@ from multigpu.devices import (
     virtual_devices,
 )
 from multigpu.distributed import fit_distributed
+from multigpu.engines import multi_gpu_model
 from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
-from multigpu.replicas import DataParallel, ParallelModel, multi_gpu_model
+from multigpu.replicas import DataParallel, ParallelModel
 from multigpu.saving import load_model, save_model
 from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
 

@@ -33,3 +33,49 @@ def check_flag(name, value):
         f"Invalid `{name}`: received {literal(value)}; expected "
         f"{literals([True, False])}."
     )
+
+
+def is_int(value):
+    """Whether `value` is an integer: a Python int or a NumPy integer scalar.
+
+    Bools are not integers here (`True` is no device count), though Python
+    counts them as such.
+
+    Example:
+    >>> is_int(np.int64(2)), is_int(True), is_int(2.0)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) or (
+        hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0
+        and value.dtype.kind in "iu"
+    )
+
+
+def check_int(name, value, minimum, expected=None):
+    """`value` as a Python int of at least `minimum`; NumPy integers accepted.
+
+    Args:
+        name: The argument's name, for the message.
+        value: What the user passed.
+        minimum: The smallest value accepted.
+        expected: What the message says is expected, when more than
+            "an int >= minimum" (what the number means, other values the
+            argument accepts).
+
+    Returns:
+        `int(value)`.
+
+    Raises:
+        ValueError: if `value` is not an integer (bools are not) or is
+            below `minimum`.
+
+    Example:
+    >>> check_int("microbatches", np.int32(2), 1)
+    2
+    """
+    if is_int(value) and int(value) >= minimum:
+        return int(value)
+    raise ValueError(
+        f"Invalid `{name}`: received {literal(value)}; expected "
+        f"{expected or f'an int >= {minimum}'}."
+    )

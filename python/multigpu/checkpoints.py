@@ -39,6 +39,8 @@ from keras.src.backend.common import global_state
 
 from multigpu import cluster as cluster_lib
 from multigpu import data as data_lib
+from multigpu import internals
+from multigpu.arguments import check_int
 from multigpu.messages import api, literal
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.keras$")
@@ -87,15 +89,9 @@ def writes_checkpoints(model):
 def _check_save_freq(save_freq):
     if isinstance(save_freq, str) and save_freq == "epoch":
         return save_freq
-    if isinstance(save_freq, (int, np.integer)) and not isinstance(
-        save_freq, (bool, np.bool_)
-    ) and save_freq >= 1:
-        return int(save_freq)
-    raise ValueError(
-        f"Invalid `save_freq`: received {literal(save_freq)}; expected {literal('epoch')} "
-        "(checkpoint at the end of every epoch) or an int >= 1 (checkpoint "
-        "every that many batches)."
-    )
+    return check_int("save_freq", save_freq, 1, expected=(
+        f"{literal('epoch')} (checkpoint at the end of every epoch) or an int "
+        ">= 1 (checkpoint every that many batches)"))
 
 
 def _check_directory(checkpoint_dir):
@@ -167,8 +163,8 @@ def _random_state_variables(model):
 def _warn_if_not_replayable(model, callback):
     """Warns once at the start of training when the input cannot be replayed."""
     problem = _input_replay_problem(model)
-    if problem and not getattr(callback, "_warned_replay", False):
-        callback._warned_replay = True
+    if problem and not getattr(callback, "replay_warning_shown", False):
+        callback.replay_warning_shown = True
         warnings.warn(
             "checkpoint_callbacks: the training data cannot be replayed "
             f"exactly ({problem}); a resumed run continues at the right "
@@ -198,14 +194,14 @@ def _input_replay_problem(model):
 def _adapter_problem(epoch_iterator):
     adapter = getattr(epoch_iterator, "data_adapter", None)
     kind = type(adapter).__name__
-    if kind == "ArrayDataAdapter" and getattr(adapter, "_shuffle", False):
+    if kind == "ArrayDataAdapter" and internals.adapter_shuffles(adapter):
         return (f"fit(shuffle={literal(True)}) shuffles arrays without a "
                 f"seed; pass shuffle={literal(False)}, or a dataset made by "
                 f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}")
     if kind in ("GeneratorDataAdapter", "PyDatasetAdapter"):
         return ("a Python generator or PyDataset is replayed only if it "
                 "yields the same batches in every epoch")
-    dataset = getattr(adapter, "_dataset", None)
+    dataset = internals.adapter_dataset(adapter)
     if isinstance(dataset, tf.data.Dataset):
         return data_lib.replay_problem(dataset)
     return None
@@ -297,7 +293,7 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         if state is None:
             return
         self._current_epoch = int(state["epoch"])
-        self.model._initial_epoch = self._current_epoch
+        internals.set_initial_epoch(self.model, self._current_epoch)
         self._position.skip = int(state.get("steps", 0))
         self._resumed_epoch = self._current_epoch
         train_function = getattr(self.model, "train_function", None)
@@ -530,14 +526,9 @@ def _remove_quietly(path):
 def _check_max_to_keep(max_to_keep):
     if max_to_keep is None:
         return None
-    if isinstance(max_to_keep, (int, np.integer)) and not isinstance(
-            max_to_keep, (bool, np.bool_)) and max_to_keep >= 1:
-        return int(max_to_keep)
-    raise ValueError(
-        f"Invalid `max_to_keep`: received {literal(max_to_keep)}; expected "
-        f"an int >= 1 (keep that many newest ckpt-*.keras models) or "
-        f"{literal(None)} (keep all)."
-    )
+    return check_int("max_to_keep", max_to_keep, 1, expected=(
+        "an int >= 1 (keep that many newest ckpt-*.keras models) or "
+        f"{literal(None)} (keep all)"))
 
 
 def _check_creatable(directory):

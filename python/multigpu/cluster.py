@@ -31,6 +31,7 @@ from tensorflow.python.distribute.cluster_resolver import (
     slurm_cluster_resolver as tf_slurm,
 )
 
+from multigpu import internals
 from multigpu.messages import api, literal
 
 TF_CONFIG = "TF_CONFIG"
@@ -383,9 +384,7 @@ def _keep_physical_ids(before):
 def _check_gpus_not_started(before):
     """Raises, restoring `CUDA_VISIBLE_DEVICES`, if TensorFlow has started."""
     # CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first starts it.
-    from tensorflow.python.eager import context
-
-    if context.context()._context_handle is not None:  # noqa: SLF001
+    if internals.tensorflow_started():
         assigned = os.environ.get("CUDA_VISIBLE_DEVICES")
         if before is None:
             del os.environ["CUDA_VISIBLE_DEVICES"]

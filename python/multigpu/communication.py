@@ -24,6 +24,8 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from multigpu.devices import short_device_name
+
 SEND_OPS = frozenset({"_Send", "_HostSend"})
 COLLECTIVE_OPS = frozenset({
     "CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
@@ -50,10 +52,6 @@ Transfer.__doc__ = """One tensor crossing from `source` to `destination` device.
 `bytes` is None when the tensor's size was not recorded (an op the
 debugger does not instrument, e.g. one created by Grappler).
 """
-
-
-def _short_device(name):
-    return "/device:" + name.rsplit("/device:", 1)[-1]
 
 
 def ring_allreduce_bytes(nbytes, num_devices):
@@ -337,8 +335,8 @@ def step_transfers(partition_nodes, sizes_by_op, gradient_sizes=(),
     collectives = []
     for device, node in partition_nodes:
         if node.op in SEND_OPS:
-            source = _short_device(node.attr["send_device"].s.decode())
-            destination = _short_device(node.attr["recv_device"].s.decode())
+            source = short_device_name(node.attr["send_device"].s.decode())
+            destination = short_device_name(node.attr["recv_device"].s.decode())
             if source == destination:
                 continue
             tensor = node.input[0]

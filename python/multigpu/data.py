@@ -16,7 +16,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu.arguments import check_flag
+from multigpu import internals
+from multigpu.arguments import check_flag, check_int, is_int
 from multigpu.messages import api, literal, literals, setting
 
 _SHARD_POLICIES = {
@@ -81,8 +82,8 @@ def replay_problem(dataset):
             continue
         seen.add(id(current))
         kind = type(current).__name__
-        if kind == "_ShuffleDataset" and getattr(
-                current, "_reshuffle_each_iteration", False):
+        if kind == "_ShuffleDataset" and (
+                internals.reshuffles_each_iteration(current)):
             return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
                     "True), whose order in a resumed epoch differs; use "
                     f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}"
@@ -90,7 +91,7 @@ def replay_problem(dataset):
         if kind in ("_RandomDataset", "RandomDataset", "_GeneratorDataset"):
             return f"it draws from {kind.strip('_')}, which is not replayed"
         try:
-            pending.extend(current._inputs())
+            pending.extend(internals.dataset_inputs(current))
         except (AttributeError, TypeError):
             pass
     return None
@@ -124,16 +125,6 @@ def num_replicas(strategy=None):
         f"{api('mirrored_strategy')}, or a model made by "
         f"{api('multi_gpu_model', '...')}."
     )
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or (
-        value < 1
-    ):
-        raise ValueError(
-            f"Invalid `{name}`: received {literal(value)}; expected an int >= 1."
-        )
-    return int(value)
 
 
 def _rows(arrays):
@@ -213,8 +204,7 @@ def _cached(dataset, cache):
 def _check_seed(seed):
     if seed is None:
         return None
-    if isinstance(seed, (int, np.integer)) and not isinstance(
-            seed, (bool, np.bool_)):
+    if is_int(seed):
         return int(seed)
     raise ValueError(
         f"Invalid `seed`: received {literal(seed)}; expected "
@@ -236,7 +226,7 @@ def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
                 f"size can be chosen. Pass {setting('shuffle_buffer', 10000)} (for example)."
             )
         shuffle_buffer = max(rows, 1)
-    shuffle_buffer = _check_positive_int("shuffle_buffer", shuffle_buffer)
+    shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, 1)
     if seed is None:
         return dataset.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
     return _epoch_keyed_shuffle(dataset, rows, shuffle_buffer, seed)
@@ -408,9 +398,8 @@ def distributed_dataset(
     ...     shuffle=True, cache="memory")             # batches of 256
     >>> model.fit(data, epochs=10)
     """
-    per_replica = _check_positive_int(
-        "per_replica_batch_size", per_replica_batch_size
-    )
+    per_replica = check_int(
+        "per_replica_batch_size", per_replica_batch_size, 1)
     policy = _SHARD_POLICIES.get(shard_policy) if isinstance(
         shard_policy, str) else None
     if policy is None:

@@ -5,13 +5,14 @@ Every public function that takes a device argument (`gpus=` of
 value means the same devices everywhere.
 """
 
+import inspect
 import os
 import re
-import sys
 import warnings
 
 import tensorflow as tf
 
+from multigpu.arguments import check_int, is_int
 from multigpu.messages import api, literal, literals, setting
 
 # More logical CPU devices than this many per core only slow a simulation.
@@ -40,7 +41,7 @@ def _logical_devices(device_type):
 def _caller_stacklevel():
     """Stack level of the first frame outside this package, for warnings."""
     package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1
+    frame, level = inspect.currentframe().f_back, 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level
@@ -97,11 +98,14 @@ def canonical_device_name(name):
     return f"/device:{match['type'].upper()}:{int(match['index'])}"
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool) or (
-        hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0
-        and value.dtype.kind in "iu"
-    )
+def short_device_name(name):
+    """The `"/device:TYPE:N"` part of a full device name.
+
+    Example:
+    >>> short_device_name("/job:localhost/replica:0/task:0/device:CPU:1")
+    '/device:CPU:1'
+    """
+    return "/device:" + name.rsplit("/device:", 1)[-1]
 
 
 def _invalid(gpus, problem, machine, fix=""):
@@ -216,7 +220,7 @@ def resolve_devices(gpus=None):
     machine = available_devices()
     if gpus is None:
         return _default_devices(machine)
-    if _is_int(gpus):
+    if is_int(gpus):
         return _devices_by_count(int(gpus), gpus, machine)
     if isinstance(gpus, str):
         raise _invalid(
@@ -233,12 +237,12 @@ def resolve_devices(gpus=None):
             gpus, f"A device list needs at least 2 entries, not {len(gpus)}.",
             machine, "For a single device use the model itself.",
         )
-    if all(_is_int(g) for g in gpus):
+    if all(is_int(g) for g in gpus):
         devices = _devices_by_ids(gpus, gpus, machine)
     elif all(isinstance(g, str) for g in gpus):
         devices = _devices_by_names(gpus, gpus, machine)
     else:
-        junk = [g for g in gpus if not (_is_int(g) or isinstance(g, str))]
+        junk = [g for g in gpus if not (is_int(g) or isinstance(g, str))]
         problem = (
             f"Entries {literal(junk)} are neither GPU ids nor device names."
             if junk else "The list mixes GPU ids and device names."
@@ -291,12 +295,8 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     >>> multigpu.virtual_devices(4)   # first thing in the program
     ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
     """
-    if not _is_int(n) or int(n) < 1:
-        raise ValueError(
-            f"Invalid `n`: received {literal(n)}; expected an int >= 1 (the number "
-            "of logical devices to create)."
-        )
-    n = int(n)
+    n = check_int("n", n, 1, expected=(
+        "an int >= 1 (the number of logical devices to create)"))
     if not isinstance(device_type, str) or device_type.upper() not in (
         "CPU", "GPU"
     ):
@@ -310,19 +310,18 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
             f"Invalid `memory_limit`: received {literal(memory_limit)} for CPU "
             f"devices; memory_limit applies to GPUs only, leave it {literal(None)}."
         )
-    if threads is not None and (not _is_int(threads) or int(threads) < 0):
-        raise ValueError(
-            f"Invalid `threads`: received {literal(threads)}; expected {literal(None)} (each "
-            "logical CPU device gets its share of the cores), an int >= 1 "
-            "(threads per device) or 0 (TensorFlow's one shared pool)."
-        )
+    if threads is not None:
+        check_int("threads", threads, 0, expected=(
+            f"{literal(None)} (each logical CPU device gets its share of the "
+            "cores), an int >= 1 (threads per device) or 0 (TensorFlow's one "
+            "shared pool)"))
     if device_type == "GPU" and threads is not None:
         raise ValueError(
             f"Invalid `threads`: received {literal(threads)} for GPU devices; "
             f"threads applies to logical CPU devices only, leave it {literal(None)}."
         )
     if device_type == "GPU" and (
-        not _is_int(memory_limit) or int(memory_limit) <= 0
+        not is_int(memory_limit) or int(memory_limit) <= 0
     ):
         raise ValueError(
             f"Invalid `memory_limit`: received {literal(memory_limit)}; splitting a "
@@ -397,8 +396,8 @@ def _own_thread_pools(n, threads):
 
     By default TensorFlow runs the kernels of all CPU devices in one pool of
     `cores` threads, so N replicas' small kernels queue for the same threads
-    and each kernel splits across all cores: on the demo model, 4 replicas
-    of 16 rows ran at 0.71x one device of 64 rows (`docs/benchmarks.md`).
+    and each kernel splits across all cores, so N replicas run slower than
+    one device on the whole batch (measured in `docs/benchmarks.md`).
     `TF_OVERRIDE_GLOBAL_THREADPOOL` makes every device own a pool of the
     intra-op size, read when TensorFlow creates its devices.
     """

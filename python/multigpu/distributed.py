@@ -13,7 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu import strategy as strategy_lib
+from multigpu.arguments import check_int
 from multigpu.messages import api, literal, setting
 
 
@@ -87,16 +89,6 @@ def _distribute(dataset, strategy):
     return strategy.experimental_distribute_dataset(dataset), steps
 
 
-def _check_epochs(epochs):
-    if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or (
-        epochs < 0
-    ):
-        raise ValueError(
-            f"Invalid `epochs`: received {literal(epochs)}; expected an int >= 0."
-        )
-    return int(epochs)
-
-
 def _logs(model):
     """The model's metrics, aggregated over every replica, as floats."""
     return {
@@ -114,7 +106,7 @@ def _build(model, strategy, dataset):
     """
     if isinstance(dataset, tf.data.Dataset):
         with strategy.scope():
-            model._symbolic_build(data_batch=dataset.element_spec)
+            internals.symbolic_build(model, dataset.element_spec)
             if not model.optimizer.built:
                 model.optimizer.build(model.trainable_variables)
 
@@ -203,8 +195,8 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     >>> history = multigpu.fit_distributed(model, data, epochs=3)
     """
     _check_model(model)
-    epochs = _check_epochs(epochs)
-    initial_epoch = _check_epochs(initial_epoch)
+    epochs = check_int("epochs", epochs, 0)
+    initial_epoch = check_int("initial_epoch", initial_epoch, 0)
     strategy = _check_strategy(model, strategy)
     _check_variables(model, strategy)
     data, steps = _distribute(dataset, strategy)
@@ -221,7 +213,7 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     try:
         callback_list.on_train_begin()
         # BackupAndRestore announces the epoch to resume at, as in `fit`.
-        initial_epoch = model._initial_epoch or initial_epoch
+        initial_epoch = internals.initial_epoch(model) or initial_epoch
         logs = _run_epochs(model, data, callback_list, epochs, initial_epoch)
         callback_list.on_train_end(logs)
     except Exception as error:
@@ -230,6 +222,6 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
             raise
         raise explained from error
     finally:
-        model._initial_epoch = None
+        internals.set_initial_epoch(model, None)
         model.train_function = keras_train_function
     return model.history

@@ -15,14 +15,10 @@ registry), so they are freed with their graph.
 import contextlib
 
 import tensorflow as tf
-from tensorflow.python.framework import ops as ops_lib
 
-_REGISTRY = ops_lib._gradient_registry  # noqa: SLF001
+from multigpu import internals
+
 _OVERRIDE_ATTRIBUTE = "_gradient_op_type"
-
-
-def _registered():
-    return set(_REGISTRY.list())
 
 
 def _gradient_name(op):
@@ -48,16 +44,15 @@ def gradients_owned_by_ops():
     ...     with gradients_owned_by_ops():
     ...         return model_step(x)
     """
-    before = _registered()
+    before = internals.registered_gradient_names()
     yield
     if tf.executing_eagerly():
         return
-    new = _registered() - before
+    new = internals.registered_gradient_names() - before
     if not new:
         return
     for op in tf.compat.v1.get_default_graph().get_operations():
         name = _gradient_name(op)
         if name in new:
-            op._gradient_function = _REGISTRY.lookup(name)  # noqa: SLF001
-            del _REGISTRY._registry[name]  # noqa: SLF001
+            internals.move_gradient_to_op(op, name)
             new.discard(name)

@@ -33,9 +33,10 @@ import tempfile
 import threading
 import time
 
+from multigpu.arguments import check_int
 from multigpu.messages import literal
+from multigpu.readiness import READY_DIR_VARIABLE, not_ready
 
-READY_DIR_VARIABLE = "MULTIGPU_LAUNCH_READY_DIR"
 _POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1
 
@@ -150,11 +151,6 @@ def _stopped_since(workers, stopped, now):
     return stopped
 
 
-def _not_ready(workers, ready_dir):
-    ready = set(os.listdir(ready_dir))
-    return [w.index for w in workers if f"worker-{w.index}" not in ready]
-
-
 def _watch(workers, ready_dir, startup_timeout, timeout, stopped_timeout):
     """Waits until all workers succeed; raises LaunchError on any failure."""
     start = time.monotonic()
@@ -192,7 +188,7 @@ def _watch(workers, ready_dir, startup_timeout, timeout, stopped_timeout):
         if all(c == 0 for c in codes):
             return
         if startup_timeout and elapsed > startup_timeout:
-            late = _not_ready(workers, ready_dir)
+            late = not_ready([w.index for w in workers], ready_dir)
             if late:
                 raise LaunchError(
                     f"worker(s) {late} did not join the cluster within "
@@ -304,10 +300,7 @@ def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
     >>> launch_command(["Rscript", "train.R"], workers=2)
     0
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(
-            f"Invalid `workers`: received {literal(workers)}; expected an int >= 1."
-        )
+    workers = check_int("workers", workers, 1)
     startup_timeout = _check_seconds("startup_timeout", startup_timeout,
                                      "to wait forever")
     timeout = _check_seconds("timeout", timeout, "for no limit")

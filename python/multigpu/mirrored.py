@@ -16,61 +16,18 @@ contract of the replicate engine:
   of the template on that batch, also when the batch does not split evenly
   between replicas (see `MirroredModel.compute_loss`).
 
-Which engine is faster is measured by `bench/engines.py`; `DEFAULT_ENGINE`
-is the winner on this project's benchmark machine (see `multi_gpu_model`).
+The default engine is `"replicate"` (`multigpu.engines.DEFAULT_ENGINE`),
+whose replicas share one set of variables; `python -m bench` measures both.
 """
 
 import keras
 import tensorflow as tf
 
-from multigpu import saving
 from multigpu import strategy as strategy_lib
-from multigpu.messages import literal, literals, setting
-
-ENGINES = ("replicate", "mirrored")
-# bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
-# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
-#   devices   replicate   mirrored
-#      1        0.59        0.43
-#      2        0.97        0.22
-#      4        0.97        0.16
-# The replicate engine runs one graph whose replicas share the template's
-# variables: no variable copies, no collectives. The mirrored engine pays per
-# step for MirroredStrategy's replica dispatch, a collective all-reduce of
-# every gradient, per-replica optimizer updates and the all-reduce of row
-# counts that keeps uneven batches exact. Replicate is the default.
-DEFAULT_ENGINE = "replicate"
-
-
-def check_engine(engine, cpu_merge=True):
-    """Validates the `engine` argument of `multi_gpu_model`.
-
-    Args:
-        engine: `"replicate"` or `"mirrored"`.
-        cpu_merge: The `cpu_merge` argument, which only the replicate engine
-            uses.
-
-    Returns:
-        `engine`.
-
-    Raises:
-        ValueError: for an unknown engine, or `cpu_merge=False` with the
-            mirrored engine (it has no merge step).
-    """
-    if not isinstance(engine, str) or engine not in ENGINES:
-        raise ValueError(
-            f"Invalid `engine`: received {literal(engine)}; expected one of "
-            f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
-            f"replicas of one model, {literal('mirrored')} trains through "
-            "tf.distribute.MirroredStrategy."
-        )
-    if engine == "mirrored" and cpu_merge is False:
-        raise ValueError(
-            f"Invalid `cpu_merge`: received {literal(False)} with {setting('engine', 'mirrored')}. "
-            "cpu_merge places the merge of replica outputs, which only "
-            f"{setting('engine', 'replicate')} has; leave {setting('cpu_merge', True)}."
-        )
-    return engine
+from multigpu.forward import flat_forward, with_logits
+from multigpu.functional import callable_graph, layer_name, output_names
+from multigpu.messages import literal, setting
+from multigpu.template import TemplateBacked, template_compile_arguments
 
 
 class _Ref:
@@ -124,7 +81,7 @@ def _named_like(graph, names):
     """
     flat = keras.tree.flatten(graph.output)
     renamed = [
-        t if t._keras_history.operation.name == name
+        t if layer_name(t) == name
         else keras.layers.Identity(name=name)(t)
         for t, name in zip(flat, names)
     ]
@@ -132,7 +89,7 @@ def _named_like(graph, names):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class MirroredModel(keras.Model):
+class MirroredModel(TemplateBacked, keras.Model):
     """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
 
     Made by `multi_gpu_model(model, engine="mirrored")`. Use it like the
@@ -144,8 +101,6 @@ class MirroredModel(keras.Model):
     """
 
     def __init__(self, template, devices, **kwargs):
-        from multigpu import replicas
-
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
         with strategy.scope():
@@ -160,8 +115,8 @@ class MirroredModel(keras.Model):
             _check_same_weights(template, replica)
             replica.set_weights(template.get_weights())
             kwargs.setdefault("name", f"{template.name}_mirrored")
-            graph = replicas.callable_graph(replica)
-            names = replicas.output_names(replicas.callable_graph(template))
+            graph = callable_graph(replica)
+            names = output_names(callable_graph(template))
             super().__init__(inputs=graph.input,
                              outputs=_named_like(graph, names), **kwargs)
         self._template_ref = _Ref(template)
@@ -186,9 +141,16 @@ class MirroredModel(keras.Model):
     def engine(self):
         return "mirrored"
 
-    def copy_to_template(self):
-        """Copies the replicas' (trained) weights to the template."""
+    def copy_to_template(self, optimizer_state=False):
+        """Copies the replicas' (trained) weights to the template.
+
+        Args:
+            optimizer_state: Also copy the optimizer's state into the
+                template's optimizer (`compile` gave it one of its own).
+        """
         self.template.set_weights(super().get_weights())
+        if optimizer_state:
+            self._copy_optimizer_state()
 
     def copy_from_template(self):
         """Copies the template's weights to every replica."""
@@ -199,17 +161,17 @@ class MirroredModel(keras.Model):
         """Compiles under the strategy's scope (so optimizer state mirrors).
 
         An optimizer instance made outside the scope is re-created inside it
-        from its config (it must not have been used yet).
+        from its config (it must not have been used yet). Unlike the other
+        engines' models, the template gets an optimizer of its own: this
+        one's variables are mirrored.
         """
-        from multigpu import replicas
-
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
-            super().compile(optimizer, *args, jit_compile=jit_compile,
-                            **kwargs)
+            keras.Model.compile(self, optimizer, *args,
+                                jit_compile=jit_compile, **kwargs)
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
-        self.template.compile(**replicas.template_compile_arguments(
+        self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
             keras.optimizers.deserialize(
                 keras.optimizers.serialize(self.optimizer)),
@@ -319,24 +281,6 @@ class MirroredModel(keras.Model):
         self.template.set_weights(weights)
         self.copy_from_template()
 
-    def save(self, filepath, overwrite=True, **kwargs):
-        """Saves `template` (architecture and trained weights)."""
-        self.copy_to_template()
-        self._copy_optimizer_state()
-        return saving.save_model(self.template, filepath, overwrite=overwrite,
-                                 **kwargs)
-
-    def save_weights(self, filepath, overwrite=True, **kwargs):
-        """Saves `template`'s weights, loadable by `template.load_weights`."""
-        self.copy_to_template()
-        return self.template.save_weights(filepath, overwrite=overwrite,
-                                          **kwargs)
-
-    def load_weights(self, filepath, **kwargs):
-        """Loads weights saved from the template into it and the replicas."""
-        self.template.load_weights(filepath, **kwargs)
-        self.copy_from_template()
-
     def call(self, inputs, training=None, mask=None):
         """The replica's forward pass, safe on a share of zero rows.
 
@@ -347,15 +291,13 @@ class MirroredModel(keras.Model):
         runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
         gradient, no side effects.
         """
-        from multigpu import replicas
-
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,
                                                    mask=mask)
 
         logits_at = []
-        forward = replicas.flat_forward(functional, inputs, training, logits_at)
-        flat = replicas.with_logits(forward(*keras.tree.flatten(inputs)),
+        forward = flat_forward(functional, inputs, training, logits_at)
+        flat = with_logits(forward(*keras.tree.flatten(inputs)),
                                     logits_at)
         return keras.tree.pack_sequence_as(self._outputs_struct, flat)
 
@@ -395,23 +337,3 @@ class MirroredModel(keras.Model):
                 _first_local(self.strategy), batch
             )
         return super()._maybe_symbolic_build(data_batch=data_batch)
-
-    def get_config(self):
-        return {
-            "name": self.name,
-            "template": keras.saving.serialize_keras_object(self.template),
-            "devices": self.devices,
-        }
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        from multigpu import devices as devices_lib
-
-        config = dict(config)
-        template = keras.saving.deserialize_keras_object(
-            config.pop("template"), custom_objects=custom_objects
-        )
-        devices = config.pop("devices")
-        if len(devices) > 1:
-            devices = devices_lib.resolve_devices(devices)
-        return cls(template, devices, **config)

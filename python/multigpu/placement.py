@@ -11,14 +11,15 @@ import glob
 import os
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context
 
 from multigpu import communication
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
+from multigpu.devices import short_device_name
 from multigpu.messages import literal, setting
+from multigpu.variables import variable_bytes, variable_components
 
 # Nodes that move data, route it through lowered control flow, or mark
 # function boundaries rather than compute.
@@ -32,10 +33,6 @@ PLUMBING_OPS = frozenset({
 HOST_DEVICE = "/device:CPU:0"
 
 ExecutedNode = collections.namedtuple("ExecutedNode", ["device", "op", "name"])
-
-
-def _short_device(name):
-    return "/device:" + name.rsplit("/device:", 1)[-1]
 
 
 def executed_node_defs(fn, *args, **kwargs):
@@ -70,7 +67,7 @@ def executed_node_defs(fn, *args, **kwargs):
     finally:
         ctx.disable_run_metadata()
     nodes = [
-        (_short_device(node.device), node)
+        (short_device_name(node.device), node)
         for function_graph in metadata.function_graphs
         for partition in function_graph.partition_graphs
         for node in partition.node
@@ -156,27 +153,6 @@ def ops_by_device(counts, op_filter=None):
 # Variables.
 
 
-def variable_components(variable):
-    """The per-device TensorFlow variables behind a Keras or TF variable.
-
-    A variable created under a `tf.distribute` strategy (a MirroredVariable)
-    has one component per device; any other variable has one.
-
-    Returns:
-        A list of `(device, variable)` pairs, devices as `"/device:TYPE:N"`.
-    """
-    handle = getattr(variable, "value", variable)
-    if isinstance(handle, tf.distribute.DistributedValues):
-        parts = list(handle.values)
-    else:
-        parts = [handle]
-    return [(_short_device(part.device), part) for part in parts]
-
-
-def _nbytes(variable):
-    return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
-
-
 def variables_by_device(model):
     """Number and bytes of a model's weights on each device.
 
@@ -196,7 +172,7 @@ def variables_by_device(model):
         seen.add(id(weight))
         for device, part in variable_components(weight):
             totals[device][0] += 1
-            totals[device][1] += _nbytes(part)
+            totals[device][1] += variable_bytes(part)
     return {device: tuple(v) for device, v in totals.items()}
 
 
@@ -425,7 +401,7 @@ def _model_transfers(model, node_defs, sizes, variables):
     optimizer = getattr(model, "optimizer", None)
     return communication.step_transfers(
         node_defs, sizes,
-        gradient_sizes={_nbytes(v) for v in model.trainable_weights},
+        gradient_sizes={variable_bytes(v) for v in model.trainable_weights},
         weight_devices=[d for d, (count, _) in variables.items() if count],
         optimizer_scopes=[optimizer.name] if optimizer is not None else [],
         host=HOST_DEVICE,
@@ -475,7 +451,7 @@ def step_traffic(model, x, y=None):
 def gradient_bytes(model):
     """Bytes of one copy of a model's trainable weights (and gradients)."""
     seen = {id(w): w for w in model.trainable_weights}
-    return sum(_nbytes(w) for w in seen.values())
+    return sum(variable_bytes(w) for w in seen.values())
 
 
 def _format_bytes(n):

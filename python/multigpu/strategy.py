@@ -25,7 +25,6 @@ manager describes (`TF_CONFIG` or a Slurm job step; see `multigpu.cluster`).
 """
 
 import itertools
-import os
 import threading
 
 import tensorflow as tf
@@ -33,6 +32,7 @@ import tensorflow as tf
 from multigpu import cluster as cluster_lib
 from multigpu import devices as devices_lib
 from multigpu.messages import api, literal, literals, setting
+from multigpu.readiness import signal_ready
 
 # Strategies made here number their collective groups from
 # `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
@@ -307,14 +307,8 @@ def strategy_over(devices, cross_device_ops=None):
 
 def _signal_ready():
     """Tells `multigpu.launch` this worker has joined its cluster."""
-    ready_dir = os.environ.get("MULTIGPU_LAUNCH_READY_DIR")
-    if not ready_dir:
-        return
     config = cluster_lib.tf_config() or {"task": {"index": 0}}
-    path = os.path.join(ready_dir, f"worker-{config['task']['index']}")
-    with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.replace(path + ".tmp", path)
+    signal_ready(config["task"]["index"])
 
 
 def multi_worker_strategy():

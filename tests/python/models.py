@@ -72,7 +72,7 @@ def zoo_cnn():
 
 
 def zoo_branching():
-    """A stem feeding two branches (issue 14's defect 2)."""
+    """A stem feeding two branches: a tensor that reaches a stage two ways."""
     inputs = keras.Input((4,), name="features")
     stem = keras.layers.Dense(5, activation="tanh", name="stem")(inputs)
     left = keras.layers.Dense(5, activation="tanh", name="left1")(stem)

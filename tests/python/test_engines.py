@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import multigpu
 from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
-from multigpu import mirrored
+from multigpu import engines
 
 
 def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
@@ -20,8 +20,8 @@ def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
     return template, parallel, reference
 
 
-def test_default_engine_is_the_benchmark_winner():
-    assert mirrored.DEFAULT_ENGINE == "replicate"
+def test_default_engine_is_replicate():
+    assert engines.DEFAULT_ENGINE == "replicate"
     parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
     assert isinstance(parallel, multigpu.ParallelModel)
 

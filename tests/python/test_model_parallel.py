@@ -7,8 +7,9 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import copy_of, data, max_weight_difference
-from multigpu.model_parallel import balanced_split, variable_device
 from multigpu.placement import PLUMBING_OPS, executed_nodes, variables_by_device
+from multigpu.stage_split import balanced_split
+from multigpu.variables import variable_device
 
 TOL = 1e-5
 
@@ -352,7 +353,11 @@ def test_saved_partitioned_model_keeps_compile_and_optimizer_state(rng, tmp_path
 
 
 def stem_and_branches():
-    """A stem feeding two branches, merged, then a head (issue 14)."""
+    """A stem feeding two branches, merged, then a head.
+
+    Split between the branches, the stem's output reaches a later stage
+    both directly and through an earlier one.
+    """
     inputs = keras.Input((6,), name="features")
     stem = keras.layers.Dense(8, activation="tanh", name="stem")(inputs)
     left = keras.layers.Dense(8, activation="tanh", name="left1")(stem)

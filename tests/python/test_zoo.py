@@ -30,8 +30,8 @@ DEVICE_COUNTS = (2, 3, 4)
 TOL = 1e-5
 # float16 matmuls summed over sub-batches in another order.
 TOLERANCES = {"mixed_float16": 2e-3}
-# What CI runs of each model: every engine, every device count, the
-# defects' shapes on the engine they broke; the mirrored engine, the
+# What CI runs of each model: every engine, every device count, each
+# model on the engine its shape stresses most; the mirrored engine, the
 # slowest to trace, once here (test_engines.py and test_replicas.py check it
 # on the MLP, siamese, subclassed and Embedding models). `pytest -m slow`
 # runs the whole cross product.

@@ -1,0 +1,152 @@
+"""`multi_gpu_model` and its engines: how a model is spread over devices.
+
+The engines `multi_gpu_model` offers (`ENGINES`, `DEFAULT_ENGINE`,
+`check_engine`) and the public entry point, which validates its arguments
+once and hands the template to the engine named: `replicas.ParallelModel`
+or `mirrored.MirroredModel`. Each engine is a peer module; none imports
+another.
+"""
+
+import keras
+import tensorflow as tf
+
+from multigpu import devices as devices_lib
+from multigpu.arguments import check_flag
+from multigpu.forward import HOST_DEVICE
+from multigpu.functional import callable_graph
+from multigpu.messages import api, literal, literals, setting
+from multigpu.mirrored import MirroredModel
+from multigpu.replicas import ParallelModel
+from multigpu.template import TemplateBacked
+
+ENGINES = ("replicate", "mirrored")
+
+
+# The replicate engine runs one graph whose replicas share the template's
+# variables: no variable copies, no collectives. The mirrored engine pays per
+# step for MirroredStrategy's replica dispatch, a collective all-reduce of
+# every gradient, per-replica optimizer updates and the all-reduce of row
+# counts that keeps uneven batches exact. `python -m bench` measures both
+# side by side (docs/benchmarks.md).
+DEFAULT_ENGINE = "replicate"
+
+
+def check_engine(engine, cpu_merge=True):
+    """Validates the `engine` argument of `multi_gpu_model`.
+
+    Args:
+        engine: `"replicate"` or `"mirrored"`.
+        cpu_merge: The `cpu_merge` argument, which only the replicate engine
+            uses.
+
+    Returns:
+        `engine`.
+
+    Raises:
+        ValueError: for an unknown engine, or `cpu_merge=False` with the
+            mirrored engine (it has no merge step).
+    """
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(
+            f"Invalid `engine`: received {literal(engine)}; expected one of "
+            f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
+            f"replicas of one model, {literal('mirrored')} trains through "
+            "tf.distribute.MirroredStrategy."
+        )
+    if engine == "mirrored" and cpu_merge is False:
+        raise ValueError(
+            f"Invalid `cpu_merge`: received {literal(False)} with {setting('engine', 'mirrored')}. "
+            "cpu_merge places the merge of replica outputs, which only "
+            f"{setting('engine', 'replicate')} has; leave {setting('cpu_merge', True)}."
+        )
+    return engine
+
+
+def _check_not_parallel(model):
+    """Refuses a model this package already spread over devices."""
+    if isinstance(model, TemplateBacked):
+        raise ValueError(
+            f"Invalid `model`: {literal(model.name)} is already a parallel "
+            f"model (from {api('multi_gpu_model')} or "
+            f"{api('model_parallel')}); its replicas cannot be replicated "
+            "again. Pass the model it was built from, its `template`."
+        )
+
+
+def relocate_to_cpu(model):
+    """Rebuilds `model` with its variables on the CPU, keeping its weights.
+
+    The weights are copied over, not re-created: re-created weights would
+    lose what the model has learned (keras-team/keras#11313).
+    """
+    try:
+        with tf.device(HOST_DEVICE):
+            clone = keras.models.clone_model(model)
+    except ValueError as error:
+        raise ValueError(
+            f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
+            f"be cloned ({error}). Build the model under "
+            f"tf.device('/cpu:0') instead and keep {setting('cpu_relocation', False)}."
+        ) from None
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
+                    engine=DEFAULT_ENGINE):
+    """Replicates a model on several devices (single-machine data parallelism).
+
+    Every batch is divided into one sub-batch per device (sizes differ by at
+    most one row; no row is lost), a replica of `model` runs on each device,
+    forward and backward pass, and the outputs are concatenated into one
+    batch. With a batch of 64 and `gpus=2`, each device processes 32 rows.
+    The mathematics are those of the template: predictions are equal and one
+    optimizer step equals one step of the template on the same batch (layers
+    that use batch statistics, such as BatchNormalization, see sub-batches).
+
+    Args:
+        model: A built Keras model, the template: Sequential, functional,
+            or subclassed (built: called once on a batch, or `build()`;
+            its replicas take inputs of the shapes it was built with).
+        gpus: `None` for every GPU (every logical CPU device on a machine
+            without GPU; the single device on a one-device machine, with a
+            warning), an int >= 2, a list of >= 2 GPU ids, or a list of >= 2
+            device names such as `["/gpu:0", "/gpu:1"]`.
+        cpu_merge: Slice batches and concatenate outputs on the CPU (True) or
+            on the first device (False, for GPUs joined by NVLink).
+        cpu_relocation: Rebuild the model's weights on the CPU, keeping their
+            values. The returned model's `template` is then that CPU copy
+            (save it, or the parallel model; not the original `model`).
+        engine: `"replicate"` (the default: slice each batch between replicas
+            of the template, outputs concatenated) or `"mirrored"` (train a
+            copy through `tf.distribute.MirroredStrategy`, mirrored variables
+            and all-reduced gradients; same contract, see
+            `multigpu.mirrored`). The replicate engine has no variable
+            copies and no collectives; `python -m bench` measures both.
+
+    Returns:
+        A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.
+        Its `save`/`save_weights` write the template, which loads back with
+        plain `keras.models.load_model`.
+
+    Raises:
+        ValueError: for invalid `gpus`, flags, or an unbuilt model.
+        TypeError: if `model` is not a `keras.Model`.
+
+    Example:
+    >>> parallel = multigpu.multi_gpu_model(model, gpus=4)
+    >>> parallel.compile(optimizer="rmsprop", loss="categorical_crossentropy")
+    >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
+    >>> parallel.save("model.keras")                    # writes the template
+    """
+    _check_not_parallel(model)
+    callable_graph(model)
+    cpu_merge = check_flag("cpu_merge", cpu_merge)
+    cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
+    check_engine(engine, cpu_merge)
+    devices = devices_lib.resolve_devices(gpus)
+    template = relocate_to_cpu(model) if cpu_relocation else model
+    if engine == "mirrored":
+        return MirroredModel(template, devices)
+    merge_device = HOST_DEVICE if cpu_merge else devices[0]
+    return ParallelModel(template, devices, merge_device)

@@ -1,0 +1,129 @@
+"""The Keras and TensorFlow internals this package relies on, in one place.
+
+Each function reads or writes one private attribute for which Keras 3.15 and
+TensorFlow 2.21 have no public equivalent. Everything else in the package
+goes through these functions, so a Keras or TensorFlow upgrade that renames
+one breaks this module only (ruff's SLF001 is off here and on everywhere
+else).
+"""
+
+from tensorflow.python.eager import context
+from tensorflow.python.framework import ops as ops_lib
+
+
+def producing_operation(tensor):
+    """The layer or operation whose call made a symbolic Keras tensor.
+
+    Example:
+    >>> producing_operation(model.output).name
+    'dense_1'
+    """
+    return tensor._keras_history.operation
+
+
+def logits_of(tensor):
+    """The logits Keras attached to a softmax or sigmoid output, or None.
+
+    Keras's cross-entropy losses read them instead of the probabilities:
+    exact and stable where log(clip(p)) is not.
+    """
+    return getattr(tensor, "_keras_logits", None)
+
+
+def attach_logits(tensor, logits):
+    """Attaches `logits` to `tensor`, as Keras's softmax and sigmoid do.
+
+    Raises:
+        AttributeError: for eager tensors, which take no attributes.
+    """
+    tensor._keras_logits = logits
+
+
+def nodes_by_depth(graph):
+    """A functional graph's nodes, `{depth: [node, ...]}` (outputs at 0)."""
+    return graph._nodes_by_depth
+
+
+def symbolic_build(model, data_batch):
+    """Creates `model`'s compiled state (metrics, loss) from a batch's specs.
+
+    What Keras's `fit` does before its first step.
+    """
+    model._symbolic_build(data_batch=data_batch)
+
+
+def initial_epoch(model):
+    """The epoch `BackupAndRestore` (or a resumed run) asks `fit` to start at."""
+    return model._initial_epoch
+
+
+def set_initial_epoch(model, epoch):
+    """Asks `fit` to start at `epoch` (None: as given to `fit`)."""
+    model._initial_epoch = epoch
+
+
+def dataset_inputs(dataset):
+    """The datasets a `tf.data.Dataset` reads from (none for a source).
+
+    Raises:
+        AttributeError, TypeError: for objects that are not datasets.
+    """
+    return dataset._inputs()
+
+
+def registered_gradient_names():
+    """Names in TensorFlow's process-wide gradient registry."""
+    return set(ops_lib._gradient_registry.list())
+
+
+def move_gradient_to_op(op, name):
+    """Moves the registered gradient function `name` onto `op`.
+
+    `tf.gradients` consults an operation's own gradient function before the
+    registry; the registry entry, which would keep the traced graph alive
+    for the rest of the process, is removed.
+    """
+    registry = ops_lib._gradient_registry
+    op._gradient_function = registry.lookup(name)
+    del registry._registry[name]
+
+
+def tensorflow_started():
+    """Whether TensorFlow's runtime (and so CUDA) has been initialised."""
+    return context.context()._context_handle is not None
+
+
+def functional_graph_of(model):
+    """The functional graph Keras keeps inside a Sequential model, or None."""
+    return getattr(model, "_functional", None)
+
+
+def nested_layers(layer):
+    """The layers inside `layer` (a nested model or layer), at any depth."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    return list(flatten(include_self=False)) if flatten else []
+
+
+def keras_mask(tensor):
+    """The Keras mask a symbolic tensor carries (Embedding(mask_zero), ...)."""
+    return getattr(tensor, "_keras_mask", None)
+
+
+def takes_training_argument(operation):
+    """Whether a layer's `call` takes Keras's `training` argument."""
+    return "training" in getattr(operation, "_call_context_args", ())
+
+
+def reshuffles_each_iteration(dataset):
+    """Whether a `Dataset.shuffle` dataset draws a new order every epoch."""
+    return bool(getattr(dataset, "_reshuffle_each_iteration", False))
+
+
+def adapter_shuffles(adapter):
+    """Whether a Keras data adapter of arrays shuffles them (`fit(shuffle=)`)."""
+    return bool(getattr(adapter, "_shuffle", False))
+
+
+def adapter_dataset(adapter):
+    """The `tf.data.Dataset` a Keras data adapter reads, or None."""
+    return getattr(adapter, "_dataset", None)

@@ -1,0 +1,228 @@
+"""The pipeline of a partitioned model: stages run in order, one per device.
+
+`StagePlan` reads the template's graph once: which nodes each stage runs and
+which tensors cross from stage to stage. `Stages` is the layer that runs the
+plan, each stage on its device with its backward pass there, optionally over
+micro-batches (GPipe).
+"""
+
+import keras
+import tensorflow as tf
+
+from multigpu import internals
+from multigpu.forward import HOST_DEVICE, forward_only_when_empty, on_device, split_bounds
+from multigpu.functional import symbolic_graph
+from multigpu.messages import literal, setting
+from multigpu.template import TemplateLayer
+
+
+def _execution_order(graph):
+    """The graph's computing nodes in an order that respects their inputs."""
+    ready = {id(x) for x in graph.inputs}
+    order = []
+    by_depth = internals.nodes_by_depth(graph)
+    for depth in sorted(by_depth, reverse=True):
+        for node in by_depth[depth]:
+            if not node.operation or node.is_input:
+                continue
+            if any(id(x) not in ready for x in node.input_tensors):
+                continue
+            order.append(node)
+            ready.update(id(x) for x in node.outputs)
+    return order
+
+
+class StagePlan:
+    """Nodes of each stage and the tensors that cross stage boundaries.
+
+    Attributes:
+        graph: The template's functional graph.
+        nodes: Per stage, the graph nodes it runs, in execution order.
+        needs: Per stage, the ids of the tensors it reads from the model's
+            inputs or from earlier stages.
+        exports: Per stage, the ids of its tensors that later stages or the
+            model's outputs read.
+
+    Args:
+        template: A built Sequential or functional Keras model.
+        stages: One list of top-level layer names per stage.
+        devices: One device name per stage (for messages).
+
+    Raises:
+        ValueError: if a stage reads the output of a later stage, or a Keras
+            mask would cross a stage boundary.
+    """
+
+    def __init__(self, template, stages, devices):
+        self.graph = symbolic_graph(template)
+        stage_of_layer = {
+            name: s for s, names in enumerate(stages) for name in names
+        }
+        producer = {}  # tensor id -> (stage, operation name)
+        nodes = [[] for _ in stages]
+        for node in _execution_order(self.graph):
+            stage = self._stage_of(node, stage_of_layer, producer)
+            self._check_inputs(node, stage, producer, devices)
+            nodes[stage].append(node)
+            for x in node.outputs:
+                producer[id(x)] = (stage, node.operation.name)
+        self.nodes = nodes
+        self.needs, self.exports = self._boundaries(nodes, producer)
+        self._check_masks(producer, devices)
+
+    @staticmethod
+    def _stage_of(node, stage_of_layer, producer):
+        name = node.operation.name
+        if isinstance(node.operation, keras.layers.Layer) and (
+            name in stage_of_layer
+        ):
+            return stage_of_layer[name]
+        # Weightless operations (keras.ops on symbolic tensors) run with the
+        # latest stage whose output they read.
+        return max(
+            [producer[id(x)][0] for x in node.input_tensors if id(x) in producer]
+            or [0]
+        )
+
+    @staticmethod
+    def _check_inputs(node, stage, producer, devices):
+        for x in node.input_tensors:
+            source = producer.get(id(x))
+            if source is not None and source[0] > stage:
+                raise ValueError(
+                    "Invalid `split`: the model cannot be cut there. Layer "
+                    f"{literal(node.operation.name)} (stage {stage}, "
+                    f"{devices[stage]}) reads the output of layer "
+                    f"{literal(source[1])}, which is in the later stage "
+                    f"{source[0]} ({devices[source[0]]}); stages run in "
+                    "order, each reading only from earlier stages. Put both "
+                    "layers in one stage, or a reused (shared) layer in the "
+                    "stage of its last use."
+                )
+
+    def _boundaries(self, nodes, producer):
+        needs, exports = [], []
+        outputs = {id(x) for x in self.graph.outputs}
+        for stage, stage_nodes in enumerate(nodes):
+            needed = []
+            for node in stage_nodes:
+                for x in node.input_tensors:
+                    source = producer.get(id(x))
+                    if (source is None or source[0] != stage) and (
+                        id(x) not in needed
+                    ):
+                        needed.append(id(x))
+            needs.append(needed)
+        for stage, stage_nodes in enumerate(nodes):
+            later = {i for s in range(stage + 1, len(nodes)) for i in needs[s]}
+            exports.append([
+                id(x) for node in stage_nodes for x in node.outputs
+                if id(x) in later or id(x) in outputs
+            ])
+        return needs, exports
+
+    def _check_masks(self, producer, devices):
+        tensors = {}
+        for stage_nodes in self.nodes:
+            for node in stage_nodes:
+                tensors.update((id(x), x) for x in node.outputs)
+        for stage, needed in enumerate(self.needs):
+            for tensor_id in needed:
+                tensor = tensors.get(tensor_id)
+                if internals.keras_mask(tensor) is not None:
+                    source = producer[tensor_id]
+                    raise ValueError(
+                        "Invalid `split`: the model cannot be cut there. The "
+                        f"output of layer {literal(source[1])} (stage {source[0]}) "
+                        f"carries a Keras mask (e.g. from {setting('mask_zero', True)} or "
+                        f"Masking) into stage {stage} ({devices[stage]}); "
+                        "masks do not cross stage boundaries. Start the "
+                        "stage after the layers that consume the mask."
+                    )
+
+
+def _call_args(node, values, training):
+    args, kwargs = node.arguments.fill_in(values)
+    if training is not None and internals.takes_training_argument(
+            node.operation):
+        kwargs["training"] = training
+    return args, kwargs
+
+
+class Stages(TemplateLayer):
+    """Runs `template` as a pipeline of stages, one per device.
+
+    Not usually built directly: `model_parallel` wraps it in a
+    `PartitionedModel`.
+
+    Args:
+        template: A built Keras model whose variables already live on the
+            stage devices (see `place_template`).
+        devices: Canonical device names, one per stage.
+        stages: One list of top-level layer names per stage.
+        microbatches: Number of micro-batches each batch is cut into.
+    """
+
+    config_keys = ("devices", "stages", "microbatches")
+
+    def __init__(self, template, devices, stages, microbatches=1, **kwargs):
+        super().__init__(template, **kwargs)
+        self.devices = list(devices)
+        self.stages = [list(names) for names in stages]
+        self.microbatches = int(microbatches)
+        self._plan = StagePlan(template, self.stages, self.devices)
+
+    def _plain_forward(self, stage, training):
+        """Runs the nodes of one stage: stage inputs -> stage exports."""
+        plan = self._plan
+
+        def forward(*inputs):
+            values = dict(zip(plan.needs[stage], inputs))
+            for node in plan.nodes[stage]:
+                args, kwargs = _call_args(node, values, training)
+                outputs = node.operation(*args, **kwargs)
+                values.update(
+                    zip((id(x) for x in node.outputs), keras.tree.flatten(outputs))
+                )
+            return [values[i] for i in plan.exports[stage]]
+
+        return forward
+
+    def _stage_forward(self, stage, training):
+        forward = self._plain_forward(stage, training)
+        if self.microbatches == 1:
+            return forward
+        return forward_only_when_empty(
+            forward, self._plain_forward(stage, False))
+
+    def _run(self, flat_inputs, training):
+        plan = self._plan
+        values = {id(x): v for x, v in zip(plan.graph.inputs, flat_inputs)}
+        for stage, device in enumerate(self.devices):
+            inputs = [values[i] for i in plan.needs[stage]]
+            forward = self._stage_forward(stage, training)
+            # The outer scope also places the IdentityN that wraps the
+            # custom gradient, so activations go straight on.
+            with tf.name_scope(f"stage{stage}"), tf.device(device):
+                outputs = on_device(device, forward, inputs)
+            values.update(zip(plan.exports[stage], outputs))
+        return [values[id(x)] for x in plan.graph.outputs]
+
+    def call(self, inputs, training=None):
+        flat = keras.tree.flatten(inputs)
+        if self.microbatches == 1:
+            merged = self._run(flat, training)
+        else:
+            with tf.device(HOST_DEVICE):
+                bounds = split_bounds(
+                    tf.shape(flat[0])[0], self.microbatches
+                )
+            outputs = []
+            for m in range(self.microbatches):
+                with tf.device(HOST_DEVICE):
+                    part = [x[bounds[m]:bounds[m + 1]] for x in flat]
+                with tf.name_scope(f"microbatch{m}"):
+                    outputs.append(self._run(part, training))
+            with tf.device(self.devices[-1]):
+                merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
+        return keras.tree.pack_sequence_as(self._plan.graph.output, merged)

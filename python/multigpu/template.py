@@ -1,0 +1,221 @@
+"""Models and layers backed by a template: the template holds the weights.
+
+`TemplateLayer` runs a template model inside another model; `TemplateBacked`
+gives a wrapping model the compile and save behaviour of its template, so
+files it writes are plain Keras models. Every engine builds on both.
+"""
+
+import inspect
+import warnings
+
+import keras
+
+from multigpu import devices as devices_lib
+from multigpu import saving
+from multigpu.functional import callable_graph, layer_name
+from multigpu.messages import setting
+
+
+def template_config(owner):
+    """The config of a template-backed layer or model, Keras's aside.
+
+    Args:
+        owner: A `TemplateLayer` or `TemplateBacked` model.
+
+    Returns:
+        `{"template": <the template, serialized>, key: value, ...}` for the
+        keys of `owner.config_keys`.
+    """
+    config = {"template": keras.saving.serialize_keras_object(owner.template)}
+    config.update((key, getattr(owner, key)) for key in owner.config_keys)
+    return config
+
+
+def split_template_config(config, custom_objects=None):
+    """The template, deserialized, and the rest of a `template_config`.
+
+    Returns:
+        `(template, rest)`: a Keras model and a new dict without `template`.
+    """
+    config = dict(config)
+    template = keras.saving.deserialize_keras_object(
+        config.pop("template"), custom_objects=custom_objects
+    )
+    return template, config
+
+
+class TemplateLayer(keras.layers.Layer):
+    """A layer that runs a (compiled) template model inside another model.
+
+    Subclasses name the arguments of their constructor after `template`
+    in `config_keys`, each readable as an attribute of the same name: that
+    is their whole config.
+
+    Args:
+        template: The model the layer runs; its weights are the layer's.
+    """
+
+    config_keys = ()
+
+    def __init__(self, template, **kwargs):
+        super().__init__(**kwargs)
+        self.template = template
+
+    @property
+    def metrics(self):
+        # The template's compiled metrics are the template's to report; the
+        # outer model has its own, computed on the merged outputs.
+        return []
+
+    def compute_output_spec(self, inputs, training=None):
+        return self.template.compute_output_spec(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), **template_config(self)}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        template, config = split_template_config(config, custom_objects)
+        return cls(template, **config)
+
+
+def _by_position(value, names):
+    """A dict keyed by output names as a list in output order; else as is."""
+    if isinstance(value, dict) and set(value) <= set(names):
+        return [value.get(name) for name in names]
+    return value
+
+
+def template_compile_arguments(template, names, optimizer, args, kwargs):
+    """The `compile` arguments of a wrapping model, for its template.
+
+    Args:
+        template: The template model.
+        names: The wrapping model's (unique) output names.
+        optimizer: The optimizer the template gets.
+        args: Positional arguments of `compile` after `optimizer`.
+        kwargs: Keyword arguments of `compile` (without `optimizer`).
+
+    Returns:
+        A dict of keyword arguments for `template.compile`. Where the
+        template's outputs share names that the wrapper's have apart,
+        dicts keyed by output name become lists in output order.
+
+    Example:
+    >>> template.compile(**template_compile_arguments(
+    ...     template, parallel.output_names, parallel.optimizer, (), kwargs))
+    """
+    arguments = inspect.signature(keras.Model.compile).bind(
+        template, optimizer, *args, **kwargs).arguments
+    arguments.pop("self")
+    arguments.update(arguments.pop("kwargs", {}))
+    own = [layer_name(t)
+           for t in keras.tree.flatten(callable_graph(template).output)]
+    if list(names) != own:
+        for key in ("loss", "loss_weights", "metrics", "weighted_metrics"):
+            if key in arguments:
+                arguments[key] = _by_position(arguments[key], names)
+    return arguments
+
+
+class TemplateBacked:
+    """Compiling, saving and config for models whose weights are a template's.
+
+    Mixed into a `keras.Model` (before it) by every engine's model:
+    `ParallelModel`, `MirroredModel`, `PartitionedModel`. `compile` compiles
+    the template alike, sharing the optimizer; `save`, `save_weights` and
+    `load_weights` act on the template, so files are plain Keras models. A
+    model that trains copies of the template's variables (the mirrored
+    engine) overrides `copy_to_template` and `copy_from_template`, which
+    saving and loading call.
+
+    A subclass provides `template` and `devices`, takes
+    `(template, devices, *config_keys[1:])` in its constructor and names its
+    config in `config_keys`, each readable as an attribute.
+    """
+
+    parallelism = "the device placement"
+    config_keys = ("devices",)
+
+    def copy_to_template(self, optimizer_state=False):
+        """Copies what this model trained into the template.
+
+        Nothing to copy here: the template's variables, and its optimizer,
+        are this model's.
+
+        Args:
+            optimizer_state: Also copy the optimizer's state, so that a
+                saved template resumes training where this model stopped.
+        """
+
+    def copy_from_template(self):
+        """Copies the template's weights into this model (here: shared)."""
+
+    def compile(self, *args, jit_compile=False, **kwargs):
+        """Compiles like `keras.Model.compile`, and the template alike.
+
+        The template is (re)compiled with the same loss and metrics and
+        shares this model's optimizer, the one that trains the shared
+        weights: saved files then carry the compile configuration and the
+        optimizer state that training produced (even when the template had
+        been compiled before), and `template.evaluate` works after training
+        this model. `jit_compile` is always False: XLA would compile the step
+        into one cluster on one device.
+        """
+        if jit_compile is True:
+            warnings.warn(
+                f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
+                f"into one cluster on one device, undoing {self.parallelism}.",
+                UserWarning, stacklevel=2,
+            )
+        super().compile(*args, jit_compile=False, **kwargs)
+        arguments = inspect.signature(keras.Model.compile).bind(
+            self.template, *args, **kwargs).arguments
+        arguments.pop("self")
+        arguments.pop("optimizer", None)
+        arguments.update(arguments.pop("kwargs", {}))
+        arguments = template_compile_arguments(
+            self.template, self.output_names, self.optimizer, (), arguments)
+        self.template.compile(**arguments)
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """Saves `template` (architecture and the shared trained weights).
+
+        `.h5` files load compiled with stock `keras.models.load_model`
+        (see `multigpu.saving.save_model`).
+        """
+        self.copy_to_template(optimizer_state=True)
+        return saving.save_model(self.template, filepath, overwrite=overwrite,
+                                 **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        """Saves `template`'s weights, loadable by `template.load_weights`."""
+        self.copy_to_template()
+        return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
+
+    def load_weights(self, filepath, **kwargs):
+        """Loads weights saved from the template (or from this model)."""
+        self.template.load_weights(filepath, **kwargs)
+        self.copy_from_template()
+
+    def get_config(self):
+        return {"name": self.name, **template_config(self)}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        template, config = split_template_config(config, custom_objects)
+        devices = config.pop("devices")
+        if len(devices) > 1:  # one device: a machine that has only one
+            devices = devices_lib.resolve_devices(devices)
+        return cls.from_template(template, devices, **config)
+
+    @classmethod
+    def from_template(cls, template, devices, **config):
+        """The model over a deserialized `template`, as `from_config` builds it.
+
+        Args:
+            template: The template, as saved (weights where Keras put them).
+            devices: Canonical device names.
+            **config: The rest of `get_config()`.
+        """
+        return cls(template, devices, **config)

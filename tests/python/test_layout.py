@@ -1,0 +1,115 @@
+"""The package's import graph: no cycles, no private names across modules.
+
+Read from the source (the AST), imports inside functions included: a
+module that imports another lazily to dodge a cycle still depends on it.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "multigpu"
+
+
+def _module_name(path):
+    return "multigpu" if path.stem == "__init__" else f"multigpu.{path.stem}"
+
+
+def _imports(path):
+    """`(module, names)` for every `multigpu` import in the file."""
+    modules = {_module_name(p) for p in PACKAGE.glob("*.py")}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names
+                      if alias.name.split(".")[0] == "multigpu"]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: from . import x, from .x import y
+                module = "multigpu" + (f".{module}" if module else "")
+            if module.split(".")[0] != "multigpu":
+                continue
+            names = [alias.name for alias in node.names]
+            submodules = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
+            found += [(m, []) for m in submodules]
+            rest = [n for n in names if f"{module}.{n}" not in modules]
+            if rest or not submodules:
+                found.append((module, rest))
+    return found
+
+
+def import_graph():
+    """`{module: {modules it imports}}` over `python/multigpu`."""
+    return {
+        _module_name(path): {module for module, _ in _imports(path)}
+        - {_module_name(path)}
+        for path in sorted(PACKAGE.glob("*.py"))
+    }
+
+
+def find_cycle(graph):
+    """One import cycle as a list of modules (first repeated last), or None."""
+    state = {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == "open":
+                return stack[stack.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target, stack)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node, [])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_find_cycle_reports_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert "multigpu.replicas" in graph and graph["multigpu.engines"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+def test_no_module_imports_a_private_name_of_another(path):
+    private = [f"{module}.{name}" for module, names in _imports(path)
+               for name in names if name.startswith("_")]
+    assert not private
+
+
+def _private_attributes_by_name(path):
+    """`getattr(x, "_name")`-style reads of private attributes in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                and str(node.args[1].value).startswith("_")
+                and not str(node.args[1].value).startswith("__")):
+            found.append(f"{path.name}:{node.lineno} {node.args[1].value}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in PACKAGE.glob("*.py") if p.name != "internals.py"),
+    ids=lambda p: p.name)
+def test_only_internals_reads_private_attributes_by_name(path):
+    # ruff's SLF001 catches `x._name`; this catches getattr(x, "_name").
+    assert not _private_attributes_by_name(path)
