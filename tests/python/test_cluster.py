@@ -2,7 +2,8 @@
 
 These tests set the variables a cluster manager sets and read what the
 resolution finds, without forming a cluster (test_slurm.py and
-test_launch.py form real ones). A fake `nvidia-smi` stands in for a GPU node.
+test_distributed.py form real ones). A fake `nvidia-smi` stands in for a GPU
+node.
 """
 
 import json
@@ -15,6 +16,7 @@ import warnings
 import pytest
 import tensorflow as tf
 
+import multigpu
 from multigpu import cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,7 +104,8 @@ def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
     # with the node's GPUs listed in CUDA_VISIBLE_DEVICES.
     script = textwrap.dedent("""
         import json, os
-        from multigpu import cluster
+        import multigpu
+from multigpu import cluster
         found = []
         for node_gpus in (None, "4,5,6,7"):
             if node_gpus:
@@ -231,3 +234,12 @@ def test_is_chief_follows_tf_config_then_the_slurm_step(environment, variables,
                                                         chief):
     environment(variables)
     assert cluster.is_chief() is chief
+
+
+def test_multi_worker_strategy_rejects_a_malformed_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {}}')
+    with pytest.raises(ValueError, match="Invalid TF_CONFIG"):
+        multigpu.multi_worker_strategy()
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    with pytest.raises(ValueError, match="multigpu.launch"):
+        multigpu.multi_worker_strategy()
