@@ -9,7 +9,7 @@
 #' | `multigpu_type_error` | the Python core received an object of the wrong type (`TypeError`), e.g. `multi_gpu_model()` of something that is not a Keras model |
 #' | `multigpu_runtime_error` | a Python `RuntimeError`, e.g. `virtual_devices()` called after TensorFlow started |
 #' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem), or a file that `overwrite = FALSE` keeps |
-#' | `multigpu_python_error` | any error raised in Python; also carried by the three above when they come from Python |
+#' | `multigpu_python_error` | any error raised in Python; also carried by the four above when they come from Python |
 #' | `multigpu_unavailable_error` | Python, TensorFlow, Keras or the multigpu Python package is missing or incompatible (see [multigpu_config()]) |
 #' | `multigpu_version_error` | the multigpu Python package is another version than the R package (also a `multigpu_unavailable_error`); [install_multigpu()] installs the matching one |
 #' | `multigpu_install_error` | [install_multigpu()] could not create or update the environment |
