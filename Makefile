@@ -23,8 +23,8 @@ PY_TEST_STAMP := $(VENV)/.installed-test
 NUMPY2_VENV := .venv-numpy2
 PY_NUMPY2 := $(NUMPY2_VENV)/bin/python
 PY_NUMPY2_STAMP := $(NUMPY2_VENV)/.installed-test
-NUMPY1_TESTS := tests/python/test_scenarios.py::test_parity \
-	tests/python/test_scenarios.py::test_parity_summary \
+NUMPY1_TESTS := tests/python/test_scenario_parity.py::test_parity \
+	tests/python/test_scenario_parity.py::test_parity_summary \
 	tests/python/test_data.py tests/python/test_messages.py
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # TensorFlow's C++ start-up chatter; errors still print.

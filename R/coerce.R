@@ -216,6 +216,79 @@ check_model <- function(object, arg = deparse(substitute(object)),
   invisible(object)
 }
 
+# ---- the arguments of the training methods ----
+
+#' The float dtype a model's inputs are cast to.
+#' @noRd
+input_dtype <- function(object) {
+  dtype <- tryCatch(object$input_dtype, error = function(e) NULL)
+  if (is.character(dtype) && length(dtype) == 1L) dtype else "float32"
+}
+
+#' Whether `x` is a `tf.data` dataset.
+#' @noRd
+is_dataset <- function(x) {
+  inherits(x, "tensorflow.python.data.ops.dataset_ops.DatasetV2")
+}
+
+#' Keras callbacks as a list: one callback object is wrapped.
+#' @noRd
+as_callbacks <- function(callbacks) {
+  if (inherits(callbacks, "python.builtin.object")) return(list(callbacks))
+  callbacks
+}
+
+#' `validation_data`: an R list of arrays becomes the tuple Keras expects.
+#' @noRd
+as_validation_data <- function(data, dtype) {
+  if (is.list(data) && !inherits(data, "python.builtin.object")) {
+    return(do.call(reticulate::tuple, unname(as_model_data(data, dtype))))
+  }
+  data
+}
+
+#' `class_weight`: named by 0-based class index, sent as a Python dict.
+#' @noRd
+as_class_weight <- function(class_weight, arg = "class_weight",
+                            call = caller_call()) {
+  if (is.null(class_weight) || inherits(class_weight, "python.builtin.object")) {
+    return(class_weight)
+  }
+  ids <- suppressWarnings(as.numeric(names(class_weight)))
+  if (is.null(names(class_weight)) || anyNA(ids)) {
+    multigpu_abort(sprintf(
+      "`%s` must be named by 0-based class index, e.g. c(\"0\" = 1, \"1\" = 5); received %s.",
+      arg, describe(class_weight)
+    ), call = call)
+  }
+  reticulate::py_dict(as.list(as.integer(ids)),
+                      as.list(as.numeric(unlist(class_weight))))
+}
+
+#' A fraction in [0, 1), as a double.
+#' @noRd
+as_fraction <- function(x, arg = deparse(substitute(x)), call = caller_call()) {
+  if (!is.numeric(x) || length(x) != 1L || is.na(x) || x < 0 || x >= 1) {
+    multigpu_abort(sprintf(
+      "`%s` must be a fraction in [0, 1), not %s.", arg, describe(x)
+    ), call = call)
+  }
+  as.double(x)
+}
+
+#' A 1-based epoch (as in keras3) as Keras's 0-based index.
+#' @noRd
+as_epoch_index <- function(x, arg = "initial_epoch", call = caller_call()) {
+  epoch <- as_count(x, arg, null_ok = FALSE, call = call)
+  if (epoch < 1L) {
+    multigpu_abort(sprintf(
+      "`%s` counts from 1 (the first epoch), as in keras3: received %s.",
+      arg, describe(x)
+    ), call = call)
+  }
+  epoch - 1L
+}
+
 `%||%` <- function(x, y) if (is.null(x)) y else x
 
 # The call of the function that called the function calling this: used as

@@ -200,14 +200,12 @@ base_python <- function(python = NULL, call = caller_call()) {
     ), class = "multigpu_install_error", call = call)
   }
   versions <- probe_python(python)
-  version <- if (is.null(names(versions))) NA else
-    numeric_version(versions[["python"]], strict = FALSE)
-  supported <- core_python_range()
-  if (is.na(version) || version < supported$min || version >= supported$below) {
+  version <- if (is.null(names(versions))) NA_character_ else versions[["python"]]
+  if (!is_supported_python(version)) {
     multigpu_abort(sprintf(
       "The Python %s is %s; TensorFlow 2.21 needs Python %s. Pass python = \"/path/to/python3.11\" (or another supported version).",
       python, if (is.na(version)) "not runnable" else paste("version", version),
-      supported$text
+      core_python_range()$text
     ), class = "multigpu_install_error", call = call)
   }
   list(python = python, version = versions[["python"]])

@@ -55,8 +55,7 @@ NULL
     Sys.setenv(TF_CPP_MIN_LOG_LEVEL = "2")
   }
   select_python()
-  # Neither import starts Python: virtual_devices() must be able to run
+  # The import does not start Python: virtual_devices() must be able to run
   # before TensorFlow initialises its devices.
   .globals$core <- reticulate::import("multigpu", delay_load = TRUE)
-  .globals$keras <- reticulate::import("keras", delay_load = TRUE)
 }

@@ -2,7 +2,8 @@
 
 These tests set the variables a cluster manager sets and read what the
 resolution finds, without forming a cluster (test_slurm.py and
-test_launch.py form real ones). A fake `nvidia-smi` stands in for a GPU node.
+test_distributed.py form real ones). A fake `nvidia-smi` stands in for a GPU
+node.
 """
 
 import json
@@ -15,6 +16,7 @@ import warnings
 import pytest
 import tensorflow as tf
 
+import multigpu
 from multigpu import cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -231,3 +233,12 @@ def test_is_chief_follows_tf_config_then_the_slurm_step(environment, variables,
                                                         chief):
     environment(variables)
     assert cluster.is_chief() is chief
+
+
+def test_multi_worker_strategy_rejects_a_malformed_tf_config(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {}}')
+    with pytest.raises(ValueError, match="Invalid TF_CONFIG"):
+        multigpu.multi_worker_strategy()
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    with pytest.raises(ValueError, match="multigpu.launch"):
+        multigpu.multi_worker_strategy()

@@ -12,16 +12,14 @@ import subprocess
 import sys
 import time
 
-import keras
 import numpy as np
 import pytest
 
-from models import mlp
+from worker_scripts import one_process_reference, running, script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WORKERS = os.path.join(HERE, "workers")
-TRAIN = os.path.join(WORKERS, "cluster_train.py")
+TRAIN = script("cluster_train.py")
 # Bounds a wedged step: far above a normal run (~20 s), below "forever".
 STEP_TIMEOUT = 240
 
@@ -76,23 +74,6 @@ def _runs(out_dir):
     return runs, weights
 
 
-def _one_process_reference(initial, global_batch, epochs):
-    """The model trained by one process on the same global batches."""
-    sys.path.insert(0, WORKERS)
-    try:
-        import _common
-    finally:
-        sys.path.remove(WORKERS)
-    model = mlp()
-    model.set_weights([np.asarray(w, "float32") for w in initial])
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                  loss="mse", metrics=["mae"])
-    x, y = _common.training_data()
-    history = model.fit(x, y, batch_size=global_batch, epochs=epochs,
-                        shuffle=False, verbose=0)
-    return model, history
-
-
 def test_srun_two_tasks_train_as_one_cluster_like_one_process(slurm, tmp_path):
     result = subprocess.run(_srun(tmp_path, "--epochs", 3), env=_env(),
                             capture_output=True, text=True,
@@ -104,7 +85,7 @@ def test_srun_two_tasks_train_as_one_cluster_like_one_process(slurm, tmp_path):
     assert runs[0]["initial"] == runs[1]["initial"]
     for first, second in zip(*weights):
         np.testing.assert_array_equal(first, second)
-    reference, history = _one_process_reference(
+    reference, history = one_process_reference(
         runs[0]["initial"], runs[0]["global_batch"], 3)
     np.testing.assert_allclose(runs[0]["history"]["loss"],
                                history.history["loss"], rtol=1e-5)
@@ -138,19 +119,6 @@ def _train_until_killed(command, kill_at_epoch):
             step.wait()
 
 
-def _tasks_left():
-    """Pids of live processes running cluster_train.py."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if TRAIN.encode() in f.read():
-                    pids.append(int(pid))
-        except OSError:
-            pass
-    return pids
-
-
 def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
         slurm, tmp_path):
     checkpoints = tmp_path / "checkpoints"
@@ -160,7 +128,7 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
     assert "task 1: Killed" in output, output
     # Slurm's KillWait (5 s here, 30 s by default) bounds the survivor.
     assert seconds < 60, output
-    assert _tasks_left() == []
+    assert running("cluster_train.py") == []
     assert not (tmp_path / "run-0.json").exists()
 
     result = subprocess.run(command, env=_env(), capture_output=True,
@@ -176,7 +144,7 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
         assert run["epochs_run"][-1] == 3
     for first, second in zip(*weights):
         np.testing.assert_array_equal(first, second)
-    reference, _ = _one_process_reference(
+    reference, _ = one_process_reference(
         runs[0]["initial"], runs[0]["global_batch"], 4)
     for got, want in zip(weights[0], reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)

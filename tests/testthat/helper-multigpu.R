@@ -29,6 +29,14 @@ tiny_model <- function(inputs = 4L, units = 8L, outputs = 3L,
 iris_x <- function(rows = seq_len(150)) unname(as.matrix(iris[rows, 1:4]))
 iris_y <- function(rows = seq_len(150)) iris$Species[rows]
 
+# A tiny_model() on `gpus` devices, compiled as a classifier.
+compiled_parallel <- function(gpus = 2, metrics = "accuracy") {
+  parallel <- multi_gpu_model(tiny_model(), gpus = gpus)
+  parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy",
+                      metrics = metrics)
+  parallel
+}
+
 # Runs R code in a fresh R session with this multigpu (installed, or the
 # source tree when the tests run from it); returns its output lines with
 # attribute `status`.

@@ -143,3 +143,11 @@ test_that("install_multigpu() reports a failing pip as an install error", {
     class = "multigpu_install_error"
   )
 })
+
+test_that("the Python package this R package carries has the R package's version", {
+  core <- bundled_core()
+  expect_true(is_core_checkout(core))
+  init <- readLines(file.path(core, "python", "multigpu", "__init__.py"))
+  version <- sub('^__version__ = "(.*)"$', "\\1", grep("^__version__ = ", init, value = TRUE))
+  expect_identical(version, as.character(utils::packageVersion("multigpu")))
+})

@@ -1,65 +1,38 @@
-#' Conditions signalled by multigpu
-#'
-#' Every error multigpu signals is a classed condition, so it can be caught
-#' by kind with [tryCatch()] or [withCallingHandlers()]:
-#'
-#' | class | raised when |
-#' | --- | --- |
-#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers) or by the Python core (a Python `ValueError`) |
-#' | `multigpu_type_error` | the Python core received an object of the wrong type (`TypeError`), e.g. `multi_gpu_model()` of something that is not a Keras model |
-#' | `multigpu_runtime_error` | a Python `RuntimeError`, e.g. `virtual_devices()` called after TensorFlow started |
-#' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem) |
-#' | `multigpu_python_error` | any error raised in Python; also carried by the three above when they come from Python |
-#' | `multigpu_unavailable_error` | Python, TensorFlow, Keras or the multigpu Python package is missing or incompatible (see [multigpu_config()]) |
-#' | `multigpu_version_error` | the multigpu Python package is another version than the R package (also a `multigpu_unavailable_error`); [install_multigpu()] installs the matching one |
-#' | `multigpu_install_error` | [install_multigpu()] could not create or update the environment |
-#' | `multigpu_error` | every error above |
-#'
-#' The message is the Python exception's message (or R's own), naming the
-#' argument, the value received and the fix. Conditions raised from Python
-#' also carry `python_type` (the exception's class name), `python_traceback`
-#' (a character vector) and `python_exception` (the exception object).
-#'
-#' Python warnings issued during a multigpu call (such as the core's notice
-#' that it falls back to CPU devices when there is no GPU) become R warnings
-#' of class `multigpu_warning`, so [suppressWarnings()] and
-#' `tryCatch(multigpu_warning = )` work on them.
-#'
-#' @name multigpu-conditions
-#' @aliases multigpu_error multigpu_value_error multigpu_type_error
-#'   multigpu_runtime_error multigpu_python_error multigpu_unavailable_error
-#'   multigpu_version_error multigpu_install_error multigpu_warning
-#' @family multigpu environment
-#' @examplesIf multigpu::is_multigpu_available()
-#' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(2L)))
-#' tryCatch(
-#'   multi_gpu_model(model, gpus = 64),
-#'   multigpu_value_error = function(e) message("Not that many: ", conditionMessage(e))
-#' )
-NULL
+# The bridge to Python: every call into the core goes through `core()` (which
+# checks the Python once), `call_core()` or `call_method()`, and
+# `with_python()`, which turns Python exceptions into the classed R
+# conditions of conditions.R and Python warnings into R warnings.
 
-#' Signal a classed multigpu error.
+#' The multigpu Python module, after checking that it can work.
+#'
+#' The first call checks the Python (see ?multigpu_config) and imports the
+#' module; a problem becomes a `multigpu_unavailable_error`.
 #' @noRd
-multigpu_abort <- function(message, class = "multigpu_value_error",
-                           call = caller_call(), ...) {
-  stop(structure(
-    class = c(class, "multigpu_error", "error", "condition"),
-    list(message = message, call = call, ...)
-  ))
+core <- function(call = caller_call()) {
+  if (!isTRUE(.globals$ready)) {
+    status <- python_status()
+    if (!is.null(status$problem)) {
+      multigpu_abort(
+        as.character(status$problem),
+        class = c(if (inherits(status$problem, "multigpu_version_mismatch"))
+                    "multigpu_version_error",
+                  "multigpu_unavailable_error"),
+        call = call
+      )
+    }
+    tryCatch(
+      reticulate::import("multigpu"),
+      error = function(error) {
+        multigpu_abort(sprintf(
+          "Importing the multigpu Python package from %s failed: %s\n%s",
+          status$python, conditionMessage(error), fix_text
+        ), class = "multigpu_unavailable_error", call = call)
+      }
+    )
+    .globals$ready <- TRUE
+  }
+  .globals$core
 }
-
-# Python exception classes (as reticulate names them) and the R condition
-# class each maps to; the first match in the exception's MRO wins.
-python_error_classes <- c(
-  "python.builtin.ValueError" = "multigpu_value_error",
-  "python.builtin.TypeError" = "multigpu_type_error",
-  "python.builtin.RuntimeError" = "multigpu_runtime_error",
-  "python.builtin.OSError" = "multigpu_os_error",
-  "python.builtin.ImportError" = "multigpu_unavailable_error"
-)
 
 #' Turn the Python exception behind an R error into a multigpu condition.
 #'
@@ -85,12 +58,9 @@ python_condition <- function(error, call) {
   mapped <- python_error_classes[intersect(py_classes, names(python_error_classes))]
   class <- c(unname(mapped[1L][!is.na(mapped[1L])]), "multigpu_python_error")
   message <- sub("\n+$", "", last$value %||% conditionMessage(error))
-  structure(
-    class = c(class, "multigpu_error", "error", "condition"),
-    list(message = message, call = call, python_type = last$type,
-         python_traceback = as.character(unlist(last$traceback)),
-         python_exception = exception)
-  )
+  multigpu_condition(message, class, call = call, python_type = last$type,
+                     python_traceback = as.character(unlist(last$traceback)),
+                     python_exception = exception)
 }
 
 #' The core's explanation of a failure of strategy code, or NULL.
@@ -188,9 +158,25 @@ signal_python_warning <- function(warning, call) {
 #' `.optional` are left out so that Python uses its own default.
 #' @noRd
 call_core <- function(fn, ..., .optional = character(), call = caller_call()) {
-  args <- list(...)
-  drop <- names(args) %in% .optional & vapply(args, is.null, logical(1))
-  args <- args[!drop]
   module <- core(call = call)
-  with_python(do.call(module[[fn]], args), call = call)
+  with_python(do.call(module[[fn]], without_null(list(...), .optional)),
+              call = call)
 }
+
+#' Call a method of a Python object (a Keras model), as `call_core()` calls
+#' a function of the core.
+#' @noRd
+call_method <- function(object, method, args, optional = character(),
+                        call = caller_call()) {
+  check_model(object, "object", call = call)
+  with_python(do.call(object[[method]], without_null(args, optional)),
+              call = call)
+}
+
+#' `args` without the `NULL` values of the arguments named in `optional`.
+#' @noRd
+without_null <- function(args, optional) {
+  drop <- names(args) %in% optional & vapply(args, is.null, logical(1))
+  args[!drop]
+}
+

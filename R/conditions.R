@@ -1,0 +1,70 @@
+#' Conditions signalled by multigpu
+#'
+#' Every error multigpu signals is a classed condition, so it can be caught
+#' by kind with [tryCatch()] or [withCallingHandlers()]:
+#'
+#' | class | raised when |
+#' | --- | --- |
+#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers) or by the Python core (a Python `ValueError`) |
+#' | `multigpu_type_error` | the Python core received an object of the wrong type (`TypeError`), e.g. `multi_gpu_model()` of something that is not a Keras model |
+#' | `multigpu_runtime_error` | a Python `RuntimeError`, e.g. `virtual_devices()` called after TensorFlow started |
+#' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem), or a file that `overwrite = FALSE` keeps |
+#' | `multigpu_python_error` | any error raised in Python; also carried by the four above when they come from Python |
+#' | `multigpu_unavailable_error` | Python, TensorFlow, Keras or the multigpu Python package is missing or incompatible (see [multigpu_config()]) |
+#' | `multigpu_version_error` | the multigpu Python package is another version than the R package (also a `multigpu_unavailable_error`); [install_multigpu()] installs the matching one |
+#' | `multigpu_install_error` | [install_multigpu()] could not create or update the environment |
+#' | `multigpu_error` | every error above |
+#'
+#' The message is the Python exception's message (or R's own), naming the
+#' argument, the value received and the fix. Conditions raised from Python
+#' also carry `python_type` (the exception's class name), `python_traceback`
+#' (a character vector) and `python_exception` (the exception object).
+#'
+#' Python warnings issued during a multigpu call (such as the core's notice
+#' that it falls back to CPU devices when there is no GPU) become R warnings
+#' of class `multigpu_warning`, so [suppressWarnings()] and
+#' `tryCatch(multigpu_warning = )` work on them.
+#'
+#' @name multigpu-conditions
+#' @aliases multigpu_error multigpu_value_error multigpu_type_error
+#'   multigpu_runtime_error multigpu_os_error multigpu_python_error
+#'   multigpu_unavailable_error multigpu_version_error multigpu_install_error
+#'   multigpu_warning
+#' @family multigpu environment
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(2L)))
+#' tryCatch(
+#'   multi_gpu_model(model, gpus = 64),
+#'   multigpu_value_error = function(e) message("Not that many: ", conditionMessage(e))
+#' )
+NULL
+
+#' Signal a classed multigpu error.
+#' @noRd
+multigpu_abort <- function(message, class = "multigpu_value_error",
+                           call = caller_call(), ...) {
+  stop(multigpu_condition(message, class, call = call, ...))
+}
+
+#' A multigpu error condition: `class`, then `multigpu_error`; the fields in
+#' `...` (e.g. `python_type`) are carried along.
+#' @noRd
+multigpu_condition <- function(message, class, call = NULL, ...) {
+  structure(
+    class = c(class, "multigpu_error", "error", "condition"),
+    list(message = message, call = call, ...)
+  )
+}
+
+# Python exception classes (as reticulate names them) and the R condition
+# class each maps to; the first match in the exception's MRO wins.
+python_error_classes <- c(
+  "python.builtin.ValueError" = "multigpu_value_error",
+  "python.builtin.TypeError" = "multigpu_type_error",
+  "python.builtin.RuntimeError" = "multigpu_runtime_error",
+  "python.builtin.OSError" = "multigpu_os_error",
+  "python.builtin.ImportError" = "multigpu_unavailable_error"
+)

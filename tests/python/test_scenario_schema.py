@@ -1,0 +1,120 @@
+"""The structure of the shared scenario files (`tests/scenarios/*.json`, format
+in its README.md): known steps, expectations and errors, messages spelled
+for each language, and enough scenarios of each kind."""
+
+import pytest
+
+from scenario_files import DEVICE_KEYS, SCENARIOS, error_step, recipes, speaks
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TOP_KEYS = {"description", "recipe", "seed", "data", "devices", "steps"}
+STEP_KEYS = {
+    "build": {"in_strategy"},
+    "multi_gpu_model": DEVICE_KEYS | {"on"},
+    "model_parallel": {"devices", "split", "microbatches"},
+    "mirrored_strategy": {"devices"},
+    "compile": {"optimizer", "loss", "metrics"},
+    "fit": {"epochs", "batch_size", "validation_split", "dataset",
+            "checkpoint"},
+    "evaluate": {"batch_size"},
+    "predict": {"batch_size", "on"},
+    "save": {"file"},
+    "reload": {"file"},
+    "save_weights": {"file"},
+    "load_weights": {"file", "seed"},
+    "make_or_restore_model": {"compile"},
+    "distributed_dataset": {"per_replica_batch_size", "drop_remainder"},
+    "checkpoint_callbacks": {"save_freq"},
+    "virtual_devices": {"n"},
+}
+EXPECT_KEYS = {
+    "build": {"params"},
+    "multi_gpu_model": {"model_class", "devices", "merge_device",
+                        "template_is_model", "weights_kept", "split",
+                        "output_names"},
+    "model_parallel": {"model_class", "stages", "output_names"},
+    "mirrored_strategy": {"replicas"},
+    "compile": set(),
+    "fit": {"epochs_run", "loss_decreases", "keys", "template_trained",
+            "equals_reference"},
+    "evaluate": {"keys", "finite"},
+    "predict": {"shape", "equals_template", "finite"},
+    "save": set(),
+    "reload": {"equals_before_save", "compiled"},
+    "save_weights": set(),
+    "load_weights": {"equals_saved"},
+    "make_or_restore_model": {"restored"},
+    "distributed_dataset": set(),
+    "checkpoint_callbacks": set(),
+    "virtual_devices": set(),
+}
+ERROR_CLASSES = {"ValueError", "TypeError", "RuntimeError", "OSError"}
+ERROR_KEYS = {"class", "message", "message_r"}
+
+
+def scenario_problems(scenario):
+    """What is wrong with a scenario file's structure (empty if nothing)."""
+    problems = []
+    for key in ("description", "recipe", "data", "steps"):
+        if key not in scenario:
+            problems.append(f"missing key {key!r}")
+    unknown = set(scenario) - TOP_KEYS - {"name"}
+    if unknown:
+        problems.append(f"unknown keys {sorted(unknown)}")
+    if scenario.get("recipe") not in recipes.RECIPES:
+        problems.append(f"unknown recipe {scenario.get('recipe')!r}")
+    if set(scenario.get("devices", {})) - DEVICE_KEYS:
+        problems.append(f"unknown device keys "
+                        f"{sorted(set(scenario['devices']) - DEVICE_KEYS)}")
+    if set(scenario.get("data", {})) != {"seed", "rows"}:
+        problems.append("`data` must have exactly `seed` and `rows`")
+    steps = scenario.get("steps", [])
+    if not steps or not all(isinstance(s, dict) and "do" in s for s in steps):
+        problems.append("`steps` must be a non-empty list of {\"do\": ...}")
+        return problems
+    for i, step in enumerate(steps):
+        op = step["do"]
+        if op not in STEP_KEYS:
+            problems.append(f"step {i}: unknown op {op!r}")
+            continue
+        extra = set(step) - STEP_KEYS[op] - {"do", "expect", "error"}
+        if extra:
+            problems.append(f"step {i} ({op}): unknown keys {sorted(extra)}")
+        extra = set(step.get("expect", {})) - EXPECT_KEYS[op]
+        if extra:
+            problems.append(f"step {i} ({op}): unknown expectations "
+                            f"{sorted(extra)}")
+        if "error" in step:
+            error = step["error"]
+            if i != len(steps) - 1:
+                problems.append(f"step {i} ({op}): a failing step must be last")
+            if error.get("class") not in ERROR_CLASSES or not error.get(
+                    "message"):
+                problems.append(f"step {i} ({op}): `error` needs a `class` "
+                                f"in {sorted(ERROR_CLASSES)} and a `message`")
+            if set(error) - ERROR_KEYS:
+                problems.append(f"step {i} ({op}): unknown error keys "
+                                f"{sorted(set(error) - ERROR_KEYS)}")
+            if not speaks("python", error.get("message", "")):
+                problems.append(f"step {i} ({op}): `message` must be the "
+                                "Python spelling")
+            if not speaks("r", error.get("message_r", error.get("message", ""))):
+                problems.append(f"step {i} ({op}): the message contains Python "
+                                "values or calls: give `message_r`, its R "
+                                "spelling")
+    return problems
+
+
+def test_scenario_files_are_well_formed():
+    problems = {s["name"]: scenario_problems(s) for s in SCENARIOS}
+    assert not {k: v for k, v in problems.items() if v}
+
+
+def test_there_are_enough_scenarios_of_each_kind():
+    invalid = [s for s in SCENARIOS if error_step(s) is not None]
+    assert len(SCENARIOS) >= 20
+    assert 3 * len(invalid) >= len(SCENARIOS)
+    valid_recipes = {s["recipe"] for s in SCENARIOS if error_step(s) is None}
+    assert {"mlp", "cnn", "two_io", "shared_submodel", "batchnorm",
+            "rnn"} <= valid_recipes
