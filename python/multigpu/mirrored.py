@@ -16,8 +16,9 @@ contract of the replicate engine:
   of the template on that batch, also when the batch does not split evenly
   between replicas (see `MirroredModel.compute_loss`).
 
-Which engine is faster is measured by `bench/engines.py`; `DEFAULT_ENGINE`
-is the winner on this project's benchmark machine (see `multi_gpu_model`).
+Which engine is faster is measured by `python -m bench` on logical CPU
+devices and predicted from the bytes each step moves on GPUs; the default,
+`DEFAULT_ENGINE = "auto"`, runs the winner (see `multi_gpu_model`).
 """
 
 import keras
@@ -27,26 +28,23 @@ from multigpu import saving
 from multigpu import strategy as strategy_lib
 from multigpu.messages import literal, literals, setting
 
-ENGINES = ("replicate", "mirrored")
-# bench/engines.py (2 shared CPU cores, logical CPU devices, MLP
-# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
-#   devices   replicate   mirrored
-#      1        0.59        0.43
-#      2        0.97        0.22
-#      4        0.97        0.16
-# The replicate engine runs one graph whose replicas share the template's
-# variables: no variable copies, no collectives. The mirrored engine pays per
-# step for MirroredStrategy's replica dispatch, a collective all-reduce of
-# every gradient, per-replica optimizer updates and the all-reduce of row
-# counts that keeps uneven batches exact. Replicate is the default.
-DEFAULT_ENGINE = "replicate"
+ENGINES = ("auto", "replicate", "mirrored")
+# `"auto"` runs the engine the numbers favour on the devices at hand
+# (`multigpu.scaling.choose_engine`). On logical CPU devices the replicate
+# engine is the measured winner (docs/benchmarks.md: about plain Keras's
+# speed, 3-7x the mirrored engine's), since transfers there are references.
+# On 3 or more GPUs the mirrored engine's ring all-reduce moves
+# 2 (n - 1) / n copies of the gradients per device where the replicate
+# engine's first device moves n - 1 copies of the weights and of the
+# gradients (docs/benchmarks.md, "Where the bytes go").
+DEFAULT_ENGINE = "auto"
 
 
 def check_engine(engine, cpu_merge=True):
     """Validates the `engine` argument of `multi_gpu_model`.
 
     Args:
-        engine: `"replicate"` or `"mirrored"`.
+        engine: `"auto"`, `"replicate"` or `"mirrored"`.
         cpu_merge: The `cpu_merge` argument, which only the replicate engine
             uses.
 
@@ -62,7 +60,8 @@ def check_engine(engine, cpu_merge=True):
             f"Invalid `engine`: received {literal(engine)}; expected one of "
             f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
             f"replicas of one model, {literal('mirrored')} trains through "
-            "tf.distribute.MirroredStrategy."
+            f"tf.distribute.MirroredStrategy, {literal('auto')} picks the "
+            "faster one for the devices."
         )
     if engine == "mirrored" and cpu_merge is False:
         raise ValueError(
@@ -151,7 +150,10 @@ class MirroredModel(keras.Model):
         with strategy.scope():
             try:
                 replica = keras.models.clone_model(template)
-            except ValueError as error:
+            except (ValueError, TypeError, NotImplementedError) as error:
+                # A subclassed model without `get_config` raises
+                # NotImplementedError; one whose config does not rebuild
+                # it, TypeError.
                 raise ValueError(
                     f"Invalid `model` for {setting('engine', 'mirrored')}: "
                     f"{literal(template.name)} cannot be cloned ({error}). Use "
@@ -182,8 +184,11 @@ class MirroredModel(keras.Model):
         """The `tf.distribute.MirroredStrategy` the replicas live in."""
         return self.distribute_strategy
 
+    engine_reason = "built as a MirroredModel"
+
     @property
     def engine(self):
+        """The engine of `multi_gpu_model` this model runs: `"mirrored"`."""
         return "mirrored"
 
     def copy_to_template(self):

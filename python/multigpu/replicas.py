@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import gradients as gradients_lib
-from multigpu import mirrored, saving
+from multigpu import mirrored, saving, scaling
 from multigpu.arguments import check_flag
 from multigpu.messages import api, literal, setting
 
@@ -562,6 +562,8 @@ class ParallelModel(TemplateBacked, keras.Model):
     """
 
     parallelism = "data parallelism"
+    engine = "replicate"
+    engine_reason = "built as a ParallelModel"
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
         graph = callable_graph(template)
@@ -704,17 +706,22 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
         cpu_relocation: Rebuild the model's weights on the CPU, keeping their
             values. The returned model's `template` is then that CPU copy
             (save it, or the parallel model; not the original `model`).
-        engine: `"replicate"` (the default: slice each batch between replicas
-            of the template, outputs concatenated) or `"mirrored"` (train a
-            copy through `tf.distribute.MirroredStrategy`, mirrored variables
-            and all-reduced gradients; same contract, see
-            `multigpu.mirrored`). `bench/engines.py` compares them; replicate
-            was faster on every device count measured.
+        engine: `"auto"` (the default), `"replicate"` (slice each batch
+            between replicas of the template, outputs concatenated) or
+            `"mirrored"` (train a copy through
+            `tf.distribute.MirroredStrategy`, mirrored variables and
+            all-reduced gradients; same contract, see `multigpu.mirrored`).
+            `"auto"` runs the replicate engine on logical CPU devices and on
+            2 GPUs, the mirrored engine on 3 or more GPUs
+            (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
+            back to the replicate engine, with a warning naming why, when
+            `cpu_merge=False` or the model cannot be copied.
 
     Returns:
-        A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.
-        Its `save`/`save_weights` write the template, which loads back with
-        plain `keras.models.load_model`.
+        A `ParallelModel` or a `MirroredModel` (a `keras.Model`), with
+        `.template`, `.devices`, `.engine` (the engine it runs) and
+        `.engine_reason` (why). Its `save`/`save_weights` write the
+        template, which loads back with plain `keras.models.load_model`.
 
     Raises:
         ValueError: for invalid `gpus`, flags, or an unbuilt model.
@@ -733,7 +740,27 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     mirrored.check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
-    if engine == "mirrored":
-        return mirrored.MirroredModel(template, devices)
-    merge_device = HOST_DEVICE if cpu_merge else devices[0]
-    return ParallelModel(template, devices, merge_device)
+    if engine == "auto":
+        choice = scaling.auto_engine(devices, cpu_merge)
+    else:
+        choice = scaling.EngineChoice(
+            engine, f"requested with {setting('engine', engine)}")
+    parallel = None
+    if choice.engine == "mirrored":
+        try:
+            parallel = mirrored.MirroredModel(template, devices)
+        except ValueError as error:
+            if engine != "auto":
+                raise
+            choice = scaling.fall_back_to_replicate(
+                choice, "the mirrored engine cannot take the model ("
+                f"{' '.join(str(error).split())})")
+    if choice.fallback:
+        warnings.warn(scaling.fallback_message(choice), UserWarning,
+                      stacklevel=2)
+    if parallel is None:
+        merge_device = HOST_DEVICE if cpu_merge else devices[0]
+        parallel = ParallelModel(template, devices, merge_device)
+    parallel.engine_reason = choice.reason + (
+        f"; fell back: {choice.fallback}" if choice.fallback else "")
+    return parallel
