@@ -31,12 +31,17 @@ from multigpu.messages import literal, literals, setting
 ENGINES = ("auto", "replicate", "mirrored")
 # `"auto"` runs the engine the numbers favour on the devices at hand
 # (`multigpu.scaling.choose_engine`). On logical CPU devices the replicate
-# engine is the measured winner (docs/benchmarks.md: about plain Keras's
-# speed, 3-7x the mirrored engine's), since transfers there are references.
-# On 3 or more GPUs the mirrored engine's ring all-reduce moves
-# 2 (n - 1) / n copies of the gradients per device where the replicate
-# engine's first device moves n - 1 copies of the weights and of the
-# gradients (docs/benchmarks.md, "Where the bytes go").
+# engine is the measured winner; bench/engines.py (2 shared CPU cores, MLP
+# 784-256-256-10, global batch 256), samples/s as a fraction of plain Keras:
+#   devices   replicate   mirrored
+#      1        0.59        0.43
+#      2        0.97        0.22
+#      4        0.97        0.16
+# Its replicas share the template's variables and transfers between logical
+# devices are references. On 3 or more GPUs the mirrored engine's ring
+# all-reduce moves 2 (n - 1) / n copies of the gradients per device where
+# the replicate engine's first device moves n - 1 copies of the weights and
+# of the gradients (docs/benchmarks.md, "Where the bytes go").
 DEFAULT_ENGINE = "auto"
 
 
