@@ -65,7 +65,7 @@ STEP_KEYS = {
 }
 EXPECT_KEYS = {
     "build": {"params"},
-    "multi_gpu_model": {"model_class", "devices", "merge_device",
+    "multi_gpu_model": {"model_class", "engine", "devices", "merge_device",
                         "template_is_model", "weights_kept", "split",
                         "output_names"},
     "model_parallel": {"model_class", "stages", "output_names"},
@@ -315,6 +315,8 @@ class PythonRun:
         self.model, self.template = parallel, parallel.template
         if "model_class" in expect:
             assert type(parallel).__name__ == expect["model_class"]
+        if "engine" in expect:
+            assert parallel.engine == expect["engine"]
         if "devices" in expect:
             assert parallel.devices == expect["devices"]
         if "merge_device" in expect:
