@@ -28,11 +28,18 @@ def test_default_engine_is_auto():
     assert default.default == mirrored.DEFAULT_ENGINE == "auto"
 
 
-def test_auto_runs_the_replicate_engine_on_logical_cpu_devices():
+def _built_with_engine_warnings(**kwargs):
+    """`multi_gpu_model(mlp(), **kwargs)` and its warnings about the engine."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
-    assert not [w for w in caught if "engine=" in str(w.message)]
+        parallel = multigpu.multi_gpu_model(mlp(), **kwargs)
+    return parallel, [str(w.message) for w in caught
+                      if "engine=" in str(w.message)]
+
+
+def test_auto_runs_the_replicate_engine_on_logical_cpu_devices():
+    parallel, engine_warnings = _built_with_engine_warnings(gpus=2)
+    assert not engine_warnings
     assert isinstance(parallel, multigpu.ParallelModel)
     assert parallel.engine == "replicate"
     assert "logical CPU devices" in parallel.engine_reason
@@ -56,19 +63,15 @@ def devices_read_as_gpus(monkeypatch):
 
 @pytest.mark.usefixtures("devices_read_as_gpus")
 def test_auto_runs_the_predicted_winner():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        parallel = multigpu.multi_gpu_model(mlp(), gpus=4)
-    assert not [w for w in caught if "engine=" in str(w.message)]
+    parallel, engine_warnings = _built_with_engine_warnings(gpus=4)
+    assert not engine_warnings
     assert isinstance(parallel, mirrored.MirroredModel)
     assert "on 4 GPUs" in parallel.engine_reason
 
 
 @pytest.mark.usefixtures("devices_read_as_gpus")
 def test_auto_falls_back_once_naming_cpu_merge():
-    with pytest.warns(UserWarning) as caught:
-        parallel = multigpu.multi_gpu_model(mlp(), gpus=4, cpu_merge=False)
-    messages = [str(w.message) for w in caught if "engine='auto'" in str(w.message)]
+    parallel, messages = _built_with_engine_warnings(gpus=4, cpu_merge=False)
     assert len(messages) == 1
     assert "would pick the mirrored engine" in messages[0]
     assert "but cpu_merge=False places the merge" in messages[0]
