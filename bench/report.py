@@ -30,7 +30,7 @@ COLUMNS = [
     "train_vs_twin_low", "train_vs_twin_high", "train_cpu_ms_per_1k",
     "predict_samples_per_s",
     "predict_vs_plain", "peak_rss_mib", "peak_device_mib", "rounds",
-    "devices_used", "memory_locked", "status",
+    "devices_used", "engine_used", "memory_locked", "status",
 ]
 METADATA_COLUMNS = [
     "run_started", "mode", "device_type", "cpu_model", "cpu_cores",
@@ -177,6 +177,8 @@ def aggregate(run):
             "peak_device_mib": done.get("peak_device_mib"),
             "rounds": len(train[key]),
             "devices_used": " ".join(ready.get("devices_used", [])),
+            # What engine="auto" (or any engine) ran, as the model says.
+            "engine_used": ready.get("engine_used") or "",
             "memory_locked": ready.get("memory_locked", ""),
             "status": _status(run, key),
         })

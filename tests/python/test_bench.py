@@ -37,6 +37,9 @@ def test_writes_csv_with_the_expected_columns(quick_run):
     assert reader.fieldnames == report.COLUMNS + report.METADATA_COLUMNS
     assert {r["config"] for r in rows} >= {"plain"}
     assert any(r["is_default"] == "True" for r in rows)
+    # engine="auto" runs the replicate engine on logical CPU devices.
+    assert {r["engine_used"] for r in rows if r["is_default"] == "True"} == {
+        "replicate"}
     for row in rows:
         assert row["status"] == "ok"
         assert row["devices"] == "2"
