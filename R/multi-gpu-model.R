@@ -31,6 +31,19 @@
 #' (`list(3)`, which the core rejects because one device is not data
 #' parallelism), or device names.
 #'
+#' @section How `engine = "auto"` chooses:
+#' On logical CPU devices the replicate engine is the measured winner:
+#' transfers between them are references, and it runs at about plain Keras's
+#' speed where the mirrored engine ran 4-6 times slower. On GPUs the choice
+#' follows the bytes a training step moves: the replicate engine's first
+#' device sends `n - 1` copies of the weights and receives `n - 1` copies of
+#' the gradients, the mirrored engine's all-reduce moves `2 (n - 1) / n`
+#' copies per device, so from 3 GPUs on the mirrored engine is the predicted
+#' winner (the package's `docs/benchmarks.md`). `cpu_merge = FALSE`, or a
+#' model the mirrored engine cannot copy, keeps the replicate engine, with a
+#' warning that says why. The returned model's `$engine` and
+#' `$engine_reason` say which engine runs and why.
+#'
 #' @section Model saving:
 #' `save_model_hdf5()`, `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' (and Keras checkpoint callbacks) act on the template model when given the
@@ -52,17 +65,21 @@
 #' @param cpu_relocation `TRUE` to rebuild the model's weights on the CPU
 #'   (keeping their values), for a model that was not built under a CPU
 #'   device scope.
-#' @param engine `NULL` for the Python default, `"replicate"` (slice each
-#'   batch between replicas of the template, as described above), or
-#'   `"mirrored"` (train a copy of the template under a mirrored strategy,
-#'   copying the weights back to the template).
-#' @returns A Keras model (a Python `ParallelModel`) used just like `model`:
+#' @param engine `"auto"` (default) for the engine the numbers favour on the
+#'   devices at hand: `"replicate"` on logical CPU devices and on 2 GPUs,
+#'   `"mirrored"` on 3 or more GPUs (see "How `engine = "auto"` chooses");
+#'   `"replicate"` (slice each batch between replicas of the template, as
+#'   described above); or `"mirrored"` (train a copy of the template under a
+#'   mirrored strategy, copying the weights back to the template).
+#' @returns A Keras model (a Python `ParallelModel`, or `MirroredModel` for
+#'   the mirrored engine) used just like `model`:
 #'   [compile()][compile.keras.src.trainers.trainer.Trainer],
 #'   [fit()][fit.keras.src.trainers.trainer.Trainer],
 #'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
 #'   [predict()][predict.keras.src.trainers.trainer.Trainer]. It has
-#'   `$template` (the model whose weights the replicas share), `$devices`
-#'   and `$batch_split(batch_size)`.
+#'   `$template` (the model whose weights the replicas share), `$devices`,
+#'   `$engine`, `$engine_reason` and (replicate engine)
+#'   `$batch_split(batch_size)`.
 #' @family multi-device training
 #' @export
 #' @examplesIf multigpu::is_multigpu_available()
@@ -81,7 +98,7 @@
 #' history <- parallel_model %>% fit(x, rowSums(x), epochs = 2, verbose = 0)
 #' history
 multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
-                            cpu_relocation = FALSE, engine = NULL) {
+                            cpu_relocation = FALSE, engine = "auto") {
   call_core("multi_gpu_model", check_model(model),
             gpus = as_device_list(gpus),
             cpu_merge = as_flag(cpu_merge),

@@ -12,7 +12,12 @@ plain Keras on the same global batch, and reports per step:
   extra microseconds per replica per step, split into the model's own ops
   (inside the template's layers) and the engine's plumbing (slicing, the
   empty-batch guard, transfers, concatenation, gradient sums);
-* wall-clock step time (median), which the shared machine makes noisy.
+* wall-clock step time (median), which the shared machine makes noisy;
+* the wall-clock cost of each replica beyond the first, from steps taken in
+  turn, in one process, by the same template replicated on `n` devices and
+  on one device (a `ParallelModel` over the first device): `(t_n - t_1) /
+  (n - 1)` per round, its median and quartiles over the rounds. Both see
+  the same load, so this is the number that survives a busy machine.
 
 Op counts are exact; times are CPU kernel times under whatever load the
 machine has (stated in the output).
@@ -71,11 +76,44 @@ def _measure(model, x, y, steps):
             "wall_ms": 1e3 * statistics.median(walls)}
 
 
+def _alternating(models_by_name, x, y, rounds):
+    """Per-step wall seconds of each model, one step of each in turn.
+
+    Returns:
+        `{name: [seconds per round]}`.
+    """
+    import tensorflow as tf
+
+    functions = {}
+    for name, model in models_by_name.items():
+        model.train_on_batch(x, y)
+        model.make_train_function()
+        data = tf.data.Dataset.from_tensors((tf.constant(x), tf.constant(y)))
+        iterator = iter(data.repeat())
+        for _ in range(5):
+            model.train_function(iterator)
+        functions[name] = (model.train_function, iterator)
+    seconds = {name: [] for name in models_by_name}
+    for _ in range(rounds):
+        for name, (function, iterator) in functions.items():
+            start = time.perf_counter()
+            logs = function(iterator)
+            for value in tf.nest.flatten(logs):
+                value.numpy()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
+def _quartiles(values):
+    q = statistics.quantiles(values, n=4)
+    return q[0], statistics.median(values), q[2]
+
+
 def _template(model):
     return getattr(model, "template", model)
 
 
-def worker(n, rows_list, steps):
+def worker(n, rows_list, steps, workload="demo", rounds=200):
     import multigpu
 
     devices = multigpu.virtual_devices(n)
@@ -86,20 +124,27 @@ def worker(n, rows_list, steps):
     from bench import models
 
     warnings.simplefilter("ignore", UserWarning)
-    x_all, y_all = models.load_data("demo")
+    x_all, y_all = models.load_data(workload)
     out = []
     for rows in rows_list:
         x, y = x_all[: rows * n], y_all[: rows * n]
-        plain = models.build_model("demo")
+        plain = models.build_model(workload)
         plain.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         keras.utils.set_random_seed(0)
-        template = models.build_model("demo")
+        template = models.build_model(workload)
         parallel = multigpu.multi_gpu_model(template, gpus=devices)
         parallel.compile(optimizer="sgd",
                          loss="sparse_categorical_crossentropy")
+        one = multigpu.ParallelModel(models.build_model(workload),
+                                     devices[:1])
+        one.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
         load = _load()
         p = _measure(plain, x, y, steps)
         r = _measure(parallel, x, y, steps)
+        turns = _alternating({"plain": plain, "one": one, "n": parallel},
+                             x, y, rounds)
+        per_replica = [(tn - t1) / (n - 1) for tn, t1 in
+                       zip(turns["n"], turns["one"])]
         out.append({
             "devices": n, "rows_per_replica": rows, "load_1min": load,
             "plain": p, "replicate": r,
@@ -113,8 +158,35 @@ def worker(n, rows_list, steps):
                 (r["kernel_us"] - r["model_kernel_us"]
                  - (p["kernel_us"] - p["model_kernel_us"])) / n,
             "wall_ratio": p["wall_ms"] / r["wall_ms"],
+            "workload": workload,
+            "alternating_rounds": rounds,
+            "alternating_ms": {k: 1e3 * statistics.median(v)
+                               for k, v in turns.items()},
+            "replica_wall_us_quartiles": [
+                1e6 * q for q in _quartiles(per_replica)],
+            "load_1min_after": _load(),
         })
     return out
+
+
+def markdown_alternating(rows):
+    """The per-replica wall-clock cost, from steps taken in turn."""
+    lines = [
+        "| workload | devices | rows/replica | plain step (ms) "
+        "| engine on 1 device (ms) | engine on n devices (ms) "
+        "| µs per replica beyond the first: median [quartiles] "
+        "| load (1 min) |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in rows:
+        ms = r["alternating_ms"]
+        low, mid, high = r["replica_wall_us_quartiles"]
+        lines.append(
+            f"| {r['workload']} | {r['devices']} | {r['rows_per_replica']} | "
+            f"{ms['plain']:.2f} | {ms['one']:.2f} | {ms['n']:.2f} | "
+            f"{mid:.0f} [{low:.0f}, {high:.0f}] | "
+            f"{r['load_1min']:.1f}-{r['load_1min_after']:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(rows):
@@ -142,17 +214,22 @@ def main(argv=None):
     parser.add_argument("--devices", default=",".join(map(str, DEVICE_COUNTS)))
     parser.add_argument("--rows", default=",".join(map(str, ROWS_PER_REPLICA)))
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=200,
+                        help="steps of each model taken in turn")
+    parser.add_argument("--workload", default="demo")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",")]
     if args.worker:
-        print(json.dumps(worker(args.worker, rows_list, args.steps)))
+        print(json.dumps(worker(args.worker, rows_list, args.steps,
+                                args.workload, args.rounds)))
         return 0
     rows = []
     for n in [int(d) for d in args.devices.split(",")]:
         done = subprocess.run(
             [sys.executable, "-m", "bench.fixed_cost", "--worker", str(n),
-             "--rows", args.rows, "--steps", str(args.steps)],
+             "--rows", args.rows, "--steps", str(args.steps),
+             "--workload", args.workload, "--rounds", str(args.rounds)],
             capture_output=True, text=True, check=False,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if done.returncode:
@@ -162,7 +239,7 @@ def main(argv=None):
     os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "results.json"), "w") as handle:
         json.dump(rows, handle, indent=1)
-    text = markdown(rows)
+    text = markdown(rows) + "\n" + markdown_alternating(rows)
     with open(os.path.join(args.output, "results.md"), "w") as handle:
         handle.write(text)
     print(text)

@@ -1,10 +1,13 @@
 """The benchmarked models and their data.
 
-Three workloads, from overhead-bound to compute-bound:
+Four workloads, from overhead-bound to compute-bound:
 
 * `demo`: the demo job's model (`multigpu.demo.build_model`) on the demo's
   data (scikit-learn's digit scans, `multigpu.demo.load_digits`), batch 64.
 * `cnn`: a small CIFAR-sized CNN on synthetic 32x32x3 images, batch 128.
+* `mnist_cnn`: an MNIST-sized CNN (2 conv layers) on synthetic 28x28x1
+  images, batch 128: 32 rows per replica on 4 devices, where what each
+  replica costs regardless of its rows weighs most.
 * `mlp_large`: a wide MLP (3 x 2048 hidden units) on synthetic 3,072-vectors,
   batch 256, where the matrix products of each step dominate its overheads.
 
@@ -47,6 +50,10 @@ WORKLOADS = {
         "cnn", "small CNN (4 conv, 1.1M params), 1,024 synthetic 32x32x3 images, "
         "batch 128",
         batch_size=128, rounds=12, warmup_epochs=1),
+    "mnist_cnn": Workload(
+        "mnist_cnn", "MNIST-sized CNN (2 conv, 57K params), 2,048 synthetic "
+        "28x28x1 images, batch 128 (32 rows per replica on 4 devices)",
+        batch_size=128, rounds=20, warmup_epochs=1),
     "mlp_large": Workload(
         "mlp_large", "MLP 3072-2048-2048-2048-10 (14.7M params), 1,024 synthetic rows, "
         "batch 256",
@@ -70,7 +77,8 @@ def load_data(name, seed=0):
         (x, y), _, _ = load_digits(seed)
         return x, y.astype("int32")
     rng = np.random.default_rng(seed)
-    shape = {"cnn": (1024, 32, 32, 3), "mlp_large": (1024, 3072)}[name]
+    shape = {"cnn": (1024, 32, 32, 3), "mnist_cnn": (2048, 28, 28, 1),
+             "mlp_large": (1024, 3072)}[name]
     x = rng.random(shape, dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=shape[0], dtype=np.int32)
     return x, y
@@ -89,7 +97,8 @@ def build_model(name):
         from multigpu.demo import build_model as demo_model
 
         return demo_model()
-    return {"cnn": _small_cnn, "mlp_large": _large_mlp}[name]()
+    return {"cnn": _small_cnn, "mnist_cnn": _mnist_cnn,
+            "mlp_large": _large_mlp}[name]()
 
 
 def _small_cnn():
@@ -108,6 +117,21 @@ def _small_cnn():
     x = layers.Dropout(0.3)(x)
     outputs = layers.Dense(NUM_CLASSES, activation="softmax", name="label")(x)
     return keras.Model(inputs, outputs, name="small_cnn")
+
+
+def _mnist_cnn():
+    import keras
+
+    layers = keras.layers
+    inputs = keras.Input((28, 28, 1), name="image")
+    x = layers.Conv2D(16, 3, activation="relu")(inputs)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(32, 3, activation="relu")(x)
+    x = layers.MaxPooling2D()(x)
+    x = layers.Flatten()(x)
+    x = layers.Dense(64, activation="relu")(x)
+    outputs = layers.Dense(NUM_CLASSES, activation="softmax", name="label")(x)
+    return keras.Model(inputs, outputs, name="mnist_cnn")
 
 
 def _large_mlp():

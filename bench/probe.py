@@ -79,7 +79,9 @@ def accepted_variants(multigpu, engines, count):
     gpus = gpus_argument(count)
     variants, rejected = [], []
     for engine in engines:
-        for cpu_merge in (True, False):
+        # engine="auto" with cpu_merge=False runs the replicate engine
+        # merging on the first device: replicate_device_merge again.
+        for cpu_merge in ((True,) if engine == "auto" else (True, False)):
             kwargs = {"cpu_merge": cpu_merge}
             if engine is not None:
                 kwargs["engine"] = engine

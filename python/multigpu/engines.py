@@ -7,10 +7,13 @@ or `mirrored.MirroredModel`. Each engine is a peer module; none imports
 another.
 """
 
+import warnings
+
 import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import scaling
 from multigpu.arguments import check_flag
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
@@ -19,23 +22,22 @@ from multigpu.mirrored import MirroredModel
 from multigpu.replicas import ParallelModel
 from multigpu.template import TemplateBacked
 
-ENGINES = ("replicate", "mirrored")
-
-
+ENGINES = ("auto", "replicate", "mirrored")
 # The replicate engine runs one graph whose replicas share the template's
-# variables: no variable copies, no collectives. The mirrored engine pays per
-# step for MirroredStrategy's replica dispatch, a collective all-reduce of
-# every gradient, per-replica optimizer updates and the all-reduce of row
-# counts that keeps uneven batches exact. `python -m bench` measures both
-# side by side (docs/benchmarks.md).
-DEFAULT_ENGINE = "replicate"
+# variables: no variable copies, no collectives, and transfers between
+# logical devices are references. On 3 or more GPUs the mirrored engine's
+# ring all-reduce moves 2 (n - 1) / n copies of the gradients per device
+# where the replicate engine's first device moves n - 1 copies of the
+# weights and of the gradients. `"auto"` runs the engine those numbers
+# favour on the devices at hand (`multigpu.scaling.choose_engine`).
+DEFAULT_ENGINE = "auto"
 
 
 def check_engine(engine, cpu_merge=True):
     """Validates the `engine` argument of `multi_gpu_model`.
 
     Args:
-        engine: `"replicate"` or `"mirrored"`.
+        engine: `"auto"`, `"replicate"` or `"mirrored"`.
         cpu_merge: The `cpu_merge` argument, which only the replicate engine
             uses.
 
@@ -51,7 +53,8 @@ def check_engine(engine, cpu_merge=True):
             f"Invalid `engine`: received {literal(engine)}; expected one of "
             f"{literals(list(ENGINES))}: {literal('replicate')} slices every batch between "
             f"replicas of one model, {literal('mirrored')} trains through "
-            "tf.distribute.MirroredStrategy."
+            f"tf.distribute.MirroredStrategy, {literal('auto')} picks the "
+            "faster one for the devices."
         )
     if engine == "mirrored" and cpu_merge is False:
         raise ValueError(
@@ -117,17 +120,22 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
         cpu_relocation: Rebuild the model's weights on the CPU, keeping their
             values. The returned model's `template` is then that CPU copy
             (save it, or the parallel model; not the original `model`).
-        engine: `"replicate"` (the default: slice each batch between replicas
-            of the template, outputs concatenated) or `"mirrored"` (train a
-            copy through `tf.distribute.MirroredStrategy`, mirrored variables
-            and all-reduced gradients; same contract, see
-            `multigpu.mirrored`). The replicate engine has no variable
-            copies and no collectives; `python -m bench` measures both.
+        engine: `"auto"` (the default), `"replicate"` (slice each batch
+            between replicas of the template, outputs concatenated) or
+            `"mirrored"` (train a copy through
+            `tf.distribute.MirroredStrategy`, mirrored variables and
+            all-reduced gradients; same contract, see `multigpu.mirrored`).
+            `"auto"` runs the replicate engine on logical CPU devices and on
+            2 GPUs, the mirrored engine on 3 or more GPUs
+            (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
+            back to the replicate engine, with a warning naming why, when
+            `cpu_merge=False` or the model cannot be copied.
 
     Returns:
-        A `ParallelModel` (a `keras.Model`), with `.template`, `.devices`.
-        Its `save`/`save_weights` write the template, which loads back with
-        plain `keras.models.load_model`.
+        A `ParallelModel` or a `MirroredModel` (a `keras.Model`), with
+        `.template`, `.devices`, `.engine` (the engine it runs) and
+        `.engine_reason` (why). Its `save`/`save_weights` write the
+        template, which loads back with plain `keras.models.load_model`.
 
     Raises:
         ValueError: for invalid `gpus`, flags, or an unbuilt model.
@@ -146,7 +154,27 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
-    if engine == "mirrored":
-        return MirroredModel(template, devices)
-    merge_device = HOST_DEVICE if cpu_merge else devices[0]
-    return ParallelModel(template, devices, merge_device)
+    if engine == "auto":
+        choice = scaling.auto_engine(devices, cpu_merge)
+    else:
+        choice = scaling.EngineChoice(
+            engine, f"requested with {setting('engine', engine)}")
+    parallel = None
+    if choice.engine == "mirrored":
+        try:
+            parallel = MirroredModel(template, devices)
+        except ValueError as error:
+            if engine != "auto":
+                raise
+            choice = scaling.fall_back_to_replicate(
+                choice, "the mirrored engine cannot take the model ("
+                f"{' '.join(str(error).split())})")
+    if choice.fallback:
+        warnings.warn(scaling.fallback_message(choice), UserWarning,
+                      stacklevel=2)
+    if parallel is None:
+        merge_device = HOST_DEVICE if cpu_merge else devices[0]
+        parallel = ParallelModel(template, devices, merge_device)
+    parallel.engine_reason = choice.reason + (
+        f"; fell back: {choice.fallback}" if choice.fallback else "")
+    return parallel

@@ -16,8 +16,9 @@ contract of the replicate engine:
   of the template on that batch, also when the batch does not split evenly
   between replicas (see `MirroredModel.compute_loss`).
 
-The default engine is `"replicate"` (`multigpu.engines.DEFAULT_ENGINE`),
-whose replicas share one set of variables; `python -m bench` measures both.
+The default engine, `"auto"` (`multigpu.engines.DEFAULT_ENGINE`), runs this
+engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench`
+measures both on logical CPU devices.
 """
 
 import keras
@@ -106,7 +107,10 @@ class MirroredModel(TemplateBacked, keras.Model):
         with strategy.scope():
             try:
                 replica = keras.models.clone_model(template)
-            except ValueError as error:
+            except (ValueError, TypeError, NotImplementedError) as error:
+                # A subclassed model without `get_config` raises
+                # NotImplementedError; one whose config does not rebuild
+                # it, TypeError.
                 raise ValueError(
                     f"Invalid `model` for {setting('engine', 'mirrored')}: "
                     f"{literal(template.name)} cannot be cloned ({error}). Use "
@@ -137,8 +141,11 @@ class MirroredModel(TemplateBacked, keras.Model):
         """The `tf.distribute.MirroredStrategy` the replicas live in."""
         return self.distribute_strategy
 
+    engine_reason = "built as a MirroredModel"
+
     @property
     def engine(self):
+        """The engine of `multi_gpu_model` this model runs: `"mirrored"`."""
         return "mirrored"
 
     def copy_to_template(self, optimizer_state=False):

@@ -118,6 +118,8 @@ class ParallelModel(TemplateBacked, keras.Model):
     """
 
     parallelism = "data parallelism"
+    engine = "replicate"
+    engine_reason = "built as a ParallelModel"
     config_keys = ("devices", "merge_device")
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):

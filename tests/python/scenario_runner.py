@@ -138,6 +138,8 @@ class PythonRun:
         self.model, self.template = parallel, parallel.template
         if "model_class" in expect:
             assert type(parallel).__name__ == expect["model_class"]
+        if "engine" in expect:
+            assert parallel.engine == expect["engine"]
         if "devices" in expect:
             assert parallel.devices == expect["devices"]
         if "merge_device" in expect:

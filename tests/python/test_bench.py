@@ -37,6 +37,9 @@ def test_writes_csv_with_the_expected_columns(quick_run):
     assert reader.fieldnames == report.COLUMNS + report.METADATA_COLUMNS
     assert {r["config"] for r in rows} >= {"plain"}
     assert any(r["is_default"] == "True" for r in rows)
+    # engine="auto" runs the replicate engine on logical CPU devices.
+    assert {r["engine_used"] for r in rows if r["is_default"] == "True"} == {
+        "replicate"}
     for row in rows:
         assert row["status"] == "ok"
         assert row["devices"] == "2"
@@ -128,3 +131,46 @@ def test_r_is_compared_with_both_python_processes():
     del train["replicate_twin"]
     assert report._python_rates(configs[3], configs, train) == \
         train["replicate"]
+
+
+def test_the_mnist_cnn_workload_puts_32_rows_on_each_of_4_replicas():
+    # A workload of another shape than demo's, cnn's and mlp_large's: small
+    # images and few weights, so per-replica costs decide its ratios.
+    import keras
+
+    from bench import models, plan
+
+    spec = models.WORKLOADS["mnist_cnn"]
+    assert spec.batch_size // 4 == 32
+    x, y = models.load_data("mnist_cnn")
+    assert (x.shape, x.dtype.name, y.shape) == ((2048, 28, 28, 1), "float32",
+                                                (2048,))
+    assert set(y.tolist()) <= set(range(models.NUM_CLASSES))
+    model = models.build_model("mnist_cnn")
+    assert tuple(model(x[:3]).shape) == (3, models.NUM_CLASSES)
+    groups = plan.make_groups([plan.Config("plain")], ["mnist_cnn"], [1, 4])
+    assert [(g.workload, g.devices, g.batch_size) for g in groups] == [
+        ("mnist_cnn", 1, 128), ("mnist_cnn", 4, 128)]
+    keras.utils.clear_session()
+
+
+def test_every_workload_has_the_4_device_target():
+    from bench import report
+
+    def row(workload, devices, low, high):
+        return {"workload": workload, "devices": devices, "config": "auto",
+                "is_default": True, "runner": "multi_gpu_model",
+                "train_vs_plain": (low + high) / 2, "train_vs_plain_low": low,
+                "train_vs_plain_high": high,
+                "train_vs_twin": float("nan"),
+                "train_vs_python": float("nan")}
+
+    checks = report.check_targets([row("mnist_cnn", 4, 0.98, 1.05),
+                                   row("mlp_large", 4, 0.90, 1.00),
+                                   row("mnist_cnn", 2, 0.5, 0.6)])
+    verdicts = {statement: verdict for statement, _, verdict in checks}
+    assert verdicts == {
+        "default engine >= 0.97x plain Keras (mnist_cnn, 4 devices)": "met",
+        "default engine >= 0.97x plain Keras (mlp_large, 4 devices)":
+            "unresolved",
+    }

@@ -1,5 +1,8 @@
 """multi_gpu_model(engine=...): the mirrored engine keeps the replicate contract."""
 
+import inspect
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -7,7 +10,7 @@ import tensorflow as tf
 
 import multigpu
 from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
-from multigpu import engines
+from multigpu import engines, mirrored, scaling
 
 
 def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
@@ -20,10 +23,87 @@ def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
     return template, parallel, reference
 
 
-def test_default_engine_is_replicate():
-    assert engines.DEFAULT_ENGINE == "replicate"
-    parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
+def test_default_engine_is_auto():
+    default = inspect.signature(multigpu.multi_gpu_model).parameters["engine"]
+    assert default.default == engines.DEFAULT_ENGINE == "auto"
+
+
+def _built_with_engine_warnings(**kwargs):
+    """`multi_gpu_model(mlp(), **kwargs)` and its warnings about the engine."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parallel = multigpu.multi_gpu_model(mlp(), **kwargs)
+    return parallel, [str(w.message) for w in caught
+                      if "engine=" in str(w.message)]
+
+
+def test_auto_runs_the_replicate_engine_on_logical_cpu_devices():
+    parallel, engine_warnings = _built_with_engine_warnings(gpus=2)
+    assert not engine_warnings
     assert isinstance(parallel, multigpu.ParallelModel)
+    assert parallel.engine == "replicate"
+    assert "logical CPU devices" in parallel.engine_reason
+
+
+def test_explicit_engines_run_as_requested():
+    for engine, kind in (("replicate", multigpu.ParallelModel),
+                         ("mirrored", mirrored.MirroredModel)):
+        parallel = multigpu.multi_gpu_model(mlp(), gpus=2, engine=engine)
+        assert isinstance(parallel, kind) and parallel.engine == engine
+        assert parallel.engine_reason == f"requested with engine='{engine}'"
+
+
+@pytest.fixture
+def devices_read_as_gpus(monkeypatch):
+    """`choose_engine` judging the logical devices as if they were GPUs."""
+    choose = scaling.choose_engine
+    monkeypatch.setattr(scaling, "choose_engine", lambda devices: choose(
+        [f"/device:GPU:{i}" for i in range(len(devices))]))
+
+
+@pytest.mark.usefixtures("devices_read_as_gpus")
+def test_auto_runs_the_predicted_winner():
+    parallel, engine_warnings = _built_with_engine_warnings(gpus=4)
+    assert not engine_warnings
+    assert isinstance(parallel, mirrored.MirroredModel)
+    assert "on 4 GPUs" in parallel.engine_reason
+
+
+@pytest.mark.usefixtures("devices_read_as_gpus")
+def test_auto_falls_back_once_naming_cpu_merge():
+    parallel, messages = _built_with_engine_warnings(gpus=4, cpu_merge=False)
+    assert len(messages) == 1
+    assert "would pick the mirrored engine" in messages[0]
+    assert "but cpu_merge=False places the merge" in messages[0]
+    assert isinstance(parallel, multigpu.ParallelModel)
+    assert parallel.merge_device == parallel.devices[0]
+    assert "fell back: cpu_merge=False" in parallel.engine_reason
+
+
+class Scaled(keras.Model):
+    """A subclassed model without `get_config`: it cannot be cloned."""
+
+    def __init__(self, units):
+        super().__init__()
+        self.dense = keras.layers.Dense(units)
+
+    def call(self, x):
+        return self.dense(x) * 2.0
+
+
+@pytest.mark.usefixtures("devices_read_as_gpus")
+def test_auto_falls_back_on_a_model_the_mirrored_engine_cannot_copy(rng):
+    template = Scaled(3)
+    x, _ = data(rng, 8)
+    template(x[:1])
+    with pytest.warns(UserWarning, match=r"cannot take the model \(Invalid "
+                                         r"`model` for engine='mirrored'"):
+        parallel = multigpu.multi_gpu_model(template, gpus=4)
+    assert parallel.engine == "replicate"
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"cannot be cloned"):
+        multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
 
 
 def test_invalid_engine_and_flags_are_named():

@@ -50,3 +50,28 @@ def test_choose_engine_follows_the_byte_counts():
     assert scaling.choose_engine(gpus[:2]).engine == "replicate"
     cpus = [f"/device:CPU:{i}" for i in range(4)]
     assert scaling.choose_engine(cpus).engine == "replicate"
+
+
+def test_auto_engine_on_gpu_names_follows_choose_engine():
+    # The decision only: which engine is faster on real GPUs only a GPU run
+    # can confirm (docs/benchmarks.md gives the prediction and its basis).
+    gpus = [f"/device:GPU:{i}" for i in range(8)]
+    for n, engine in ((2, "replicate"), (3, "mirrored"), (4, "mirrored"),
+                      (8, "mirrored")):
+        choice = scaling.auto_engine(gpus[:n])
+        assert (choice.engine, choice.fallback) == (engine, None)
+    cpus = [f"/device:CPU:{i}" for i in range(8)]
+    assert scaling.auto_engine(cpus).engine == "replicate"
+    assert "logical CPU devices" in scaling.auto_engine(cpus).reason
+
+
+def test_auto_engine_falls_back_when_cpu_merge_is_false():
+    gpus = [f"/device:GPU:{i}" for i in range(4)]
+    choice = scaling.auto_engine(gpus, cpu_merge=False)
+    assert choice.engine == "replicate"
+    assert "cpu_merge=False" in choice.fallback
+    message = scaling.fallback_message(choice)
+    assert message.startswith("engine='auto' would pick the mirrored engine")
+    assert "using engine='replicate'" in message
+    # On 2 GPUs auto picks the replicate engine anyway: nothing to fall from.
+    assert scaling.auto_engine(gpus[:2], cpu_merge=False).fallback is None

@@ -30,7 +30,7 @@ STEP_KEYS = {
 }
 EXPECT_KEYS = {
     "build": {"params"},
-    "multi_gpu_model": {"model_class", "devices", "merge_device",
+    "multi_gpu_model": {"model_class", "engine", "devices", "merge_device",
                         "template_is_model", "weights_kept", "split",
                         "output_names"},
     "model_parallel": {"model_class", "stages", "output_names"},

@@ -289,6 +289,10 @@ scenario_steps <- list(
       scenario_expect(identical(python_class, expect$model_class),
                       sprintf("%s: a %s", where, python_class))
     }
+    if (!is.null(expect$engine)) {
+      scenario_expect(identical(parallel$engine, expect$engine),
+                      sprintf("%s: engine %s", where, parallel$engine))
+    }
     if (!is.null(expect$devices)) {
       scenario_expect(identical(as.character(parallel$devices),
                                 unlist(expect$devices)),

@@ -156,3 +156,40 @@ test_that("a parallel model is not replicated again: the error points to its tem
                "is already a parallel model (from multi_gpu_model() or model_parallel())",
                fixed = TRUE, class = "multigpu_value_error")
 })
+
+test_that("engine = \"auto\" is the default and runs the replicate engine on logical CPU devices", {
+  skip_if_no_multigpu()
+  expect_identical(formals(multi_gpu_model)$engine, "auto")
+  parallel <- multi_gpu_model(tiny_model(), gpus = 2)
+  expect_identical(parallel$engine, "replicate")
+  expect_match(parallel$engine_reason, "logical CPU devices", fixed = TRUE)
+  mirrored <- multi_gpu_model(tiny_model(), gpus = 2, engine = "mirrored")
+  expect_identical(mirrored$engine, "mirrored")
+  expect_identical(mirrored$engine_reason, 'requested with engine = "mirrored"')
+})
+
+test_that("engine = \"auto\" warns once, in R's spelling, when cpu_merge = FALSE rules out its pick", {
+  skip_if_no_multigpu()
+  # Which engine wins on GPUs only a GPU can measure; here the decision is
+  # checked by letting the core read the 4 logical devices as 4 GPUs, where
+  # it predicts the mirrored engine.
+  reticulate::py_run_string(paste(
+    "import multigpu.scaling as _scaling",
+    "_choose = _scaling.choose_engine",
+    "_scaling.choose_engine = lambda devices: _choose(",
+    "    ['/device:GPU:%d' % i for i in range(len(devices))])", sep = "\n"))
+  on.exit(reticulate::py_run_string("_scaling.choose_engine = _choose"), add = TRUE)
+  warnings <- list()
+  parallel <- withCallingHandlers(
+    multi_gpu_model(tiny_model(), gpus = 4, cpu_merge = FALSE),
+    multigpu_warning = function(w) {
+      warnings[[length(warnings) + 1L]] <<- conditionMessage(w)
+      invokeRestart("muffleWarning")
+    })
+  expect_length(warnings, 1L)
+  expect_match(warnings[[1]], 'engine = "auto" would pick the mirrored engine', fixed = TRUE)
+  expect_match(warnings[[1]], "but cpu_merge = FALSE places the merge", fixed = TRUE)
+  expect_match(warnings[[1]], 'using engine = "replicate"', fixed = TRUE)
+  expect_identical(parallel$engine, "replicate")
+  expect_identical(parallel$merge_device, "/device:CPU:0")
+})
