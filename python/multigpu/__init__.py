@@ -32,6 +32,7 @@ from multigpu.distributed import fit_distributed
 from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
+from multigpu.plotting import plot_placement
 from multigpu.replicas import DataParallel, ParallelModel, multi_gpu_model
 from multigpu.saving import load_model, save_model
 from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
@@ -57,6 +58,7 @@ __all__ = [
     "multi_gpu_model",
     "multi_worker_strategy",
     "placement_report",
+    "plot_placement",
     "resolve_devices",
     "save_model",
     "virtual_devices",
