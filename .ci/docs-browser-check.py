@@ -32,7 +32,7 @@ PAGES = (
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the base's name
+    def log_message(self, format, *args):
         pass
 
 
