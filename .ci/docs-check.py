@@ -6,7 +6,8 @@
    has an entry in the Python API page; every help topic of man/ has an R
    reference page, linked from the index unless internal, and every
    function the R package exports (NAMESPACE) has a help topic.
-2. Every internal link and image of every page, MkDocs' and pkgdown's,
+2. No R example or article printed an error.
+3. Every internal link and image of every page, MkDocs' and pkgdown's,
    resolves: Debian's `linkchecker` over the final folder, from the home
    page and from each R page (a pkgdown page no link reaches is checked too).
    External links are not followed (the build machine has no web).
@@ -68,6 +69,19 @@ def missing_reference_entries(site):
     return problems
 
 
+def failed_r_examples(site):
+    """Errors in R examples and articles: pkgdown shows an example's error in
+    the page (`r-err` output) instead of failing, as MkDocs' strict mode and
+    rmarkdown do."""
+    problems = []
+    for page in sorted((site / "r").rglob("*.html")):
+        for error in re.findall(r'<span class="r-err[^"]*">(.*?)</span>\n',
+                                page.read_text()):
+            text = re.sub(r"<[^>]+>", "", error).replace("&gt;", ">")
+            problems.append(f"{page.relative_to(site)}: an example failed: {text}")
+    return problems
+
+
 def broken_links(site):
     starts = [site / "index.html"] + sorted((site / "r").rglob("*.html"))
     result = subprocess.run(
@@ -87,12 +101,14 @@ def main(argv):
                  site / "r" / "reference" / "index.html"):
         if not page.is_file():
             raise SystemExit(f"docs-check: {page} was not built")
-    problems = missing_reference_entries(site) + broken_links(site)
+    problems = (missing_reference_entries(site) + failed_r_examples(site)
+                + broken_links(site))
     for problem in problems:
         print(f"docs-check: {problem}", file=sys.stderr)
     if problems:
         return 1
-    print(f"docs-check: {site}: reference complete, every internal link and image resolves")
+    print(f"docs-check: {site}: reference complete, R examples without errors, "
+          "every internal link and image resolves")
     return 0
 
 
