@@ -135,16 +135,23 @@ setup-docs-debs: setup-r
 	       $(SUDO) apt-get install -y -qq --no-install-recommends $(DOCS_DEBS); }
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from
-# the docstrings, the benchmarks) into out/site, then pkgdown's R reference
-# and articles into out/site/r (with .venv, the R package's NumPy-1 Python),
-# then the checks: every link and image, every public name documented, and
+# the docstrings, the benchmarks) into out/site and, at the same time,
+# pkgdown's R reference and articles (with .venv, the R package's NumPy-1
+# Python) into out/pkgdown, moved to out/site/r; then the checks: every
+# link and image, every public name documented, no R example failed, and
 # four pages in headless Chromium without console errors.
 docs: setup-docs setup-python
-	rm -rf $(SITE)
-	NO_MKDOCS_2_WARNING=1 $(PY_DOCS) -m mkdocs build --strict
+	rm -rf $(SITE) out/pkgdown
 	bash .ci/docs-assets.sh out/docs-assets
-	RETICULATE_PYTHON=$(CURDIR)/$(PY) Rscript -e \
-	  'options(pkgdown.internet = FALSE); pkgdown::build_site(preview = FALSE)'
+	@echo "pkgdown: building the R pages in the background (log: out/pkgdown.log)"
+	@RETICULATE_PYTHON=$(CURDIR)/$(PY) Rscript -e \
+	  'options(pkgdown.internet = FALSE); pkgdown::build_site(preview = FALSE)' \
+	  > out/pkgdown.log 2>&1 & pkgdown=$$!; \
+	NO_MKDOCS_2_WARNING=1 $(PY_DOCS) -m mkdocs build --strict; mkdocs=$$?; \
+	wait $$pkgdown; status=$$?; \
+	if [ $$status -ne 0 ]; then tail -n 40 out/pkgdown.log; echo "pkgdown failed ($$status)"; fi; \
+	[ $$mkdocs -eq 0 ] && [ $$status -eq 0 ]
+	mv out/pkgdown $(SITE)/r
 	cp -r out/docs-assets/vendor $(SITE)/r/
 	$(PY_DOCS) .ci/docs-check.py $(SITE)
 	$(PY_DOCS) .ci/docs-browser-check.py $(SITE) out/docs-screenshots
