@@ -2,6 +2,7 @@
 #   make demo   - trains a real model across 4 simulated devices
 #   make test   - runs every test (Python core, R package, shared scenarios
 #                 in both languages with the parity check, benchmark smoke run)
+#   make docs   - builds the documentation site into out/site and checks it
 SHELL := /bin/bash
 PYTHON_BOOT ?= python3
 # Two Python environments, one per NumPy major version (the core supports
@@ -23,6 +24,12 @@ PY_TEST_STAMP := $(VENV)/.installed-test
 NUMPY2_VENV := .venv-numpy2
 PY_NUMPY2 := $(NUMPY2_VENV)/bin/python
 PY_NUMPY2_STAMP := $(NUMPY2_VENV)/.installed-test
+# The documentation site's tools (the docs extra: MkDocs, mkdocstrings,
+# markdown-exec, selenium), with the core, for the guides' examples.
+DOCS_VENV := .venv-docs
+PY_DOCS := $(DOCS_VENV)/bin/python
+PY_DOCS_STAMP := $(DOCS_VENV)/.installed-docs
+SITE := out/site
 NUMPY1_TESTS := tests/python/test_scenario_parity.py::test_parity \
 	tests/python/test_scenario_parity.py::test_parity_summary \
 	tests/python/test_data.py tests/python/test_messages.py
@@ -38,8 +45,14 @@ R_DEBS := r-base-core r-base-dev r-cran-reticulate r-cran-generics \
 R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 	rmarkdown roxygen2
 
+# What `make docs` adds (Debian's): pkgdown for the R pages, Chromium and
+# its driver for the browser check, linkchecker, npm for the scripts
+# pkgdown's pages load (.ci/docs-assets.sh).
+DOCS_DEBS := r-cran-pkgdown chromium chromium-driver linkchecker npm
+
 .PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
-	setup setup-python setup-test setup-numpy2 setup-r slurm-up lint
+	setup setup-python setup-test setup-numpy2 setup-r slurm-up lint \
+	docs setup-docs setup-docs-debs
 
 setup: setup-test setup-numpy2
 
@@ -106,3 +119,39 @@ bench: setup-test
 # outputs (out/bench-quick); the numbers are not checked.
 bench-quick: setup-test
 	$(PY) -m bench --quick --output out/bench-quick
+
+setup-docs: $(PY_DOCS_STAMP) setup-docs-debs
+
+$(PY_DOCS_STAMP): pyproject.toml
+	$(PYTHON_BOOT) -m venv $(DOCS_VENV)
+	$(PY_DOCS) -m pip install --quiet -e ".[cpu,docs]"
+	touch $@
+
+setup-docs-debs: setup-r
+	@Rscript -e 'q(status = !requireNamespace("pkgdown", quietly = TRUE))' 2>/dev/null \
+	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
+	  && command -v linkchecker >/dev/null && command -v npm >/dev/null \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       $(SUDO) apt-get install -y -qq --no-install-recommends $(DOCS_DEBS); }
+
+# The site: MkDocs pages (guides whose examples run now, the Python API from
+# the docstrings, the benchmarks) into out/site and, at the same time,
+# pkgdown's R reference and articles (with .venv, the R package's NumPy-1
+# Python) into out/pkgdown, moved to out/site/r; then the checks: every
+# link and image, every public name documented, no R example failed, and
+# four pages in headless Chromium without console errors.
+docs: setup-docs setup-python
+	rm -rf $(SITE) out/pkgdown
+	bash .ci/docs-assets.sh out/docs-assets
+	@echo "pkgdown: building the R pages in the background (log: out/pkgdown.log)"
+	@RETICULATE_PYTHON=$(CURDIR)/$(PY) Rscript -e \
+	  'options(pkgdown.internet = FALSE); pkgdown::build_site(preview = FALSE)' \
+	  > out/pkgdown.log 2>&1 & pkgdown=$$!; \
+	NO_MKDOCS_2_WARNING=1 $(PY_DOCS) -m mkdocs build --strict; mkdocs=$$?; \
+	wait $$pkgdown; status=$$?; \
+	if [ $$status -ne 0 ]; then tail -n 40 out/pkgdown.log; echo "pkgdown failed ($$status)"; fi; \
+	[ $$mkdocs -eq 0 ] && [ $$status -eq 0 ]
+	mv out/pkgdown $(SITE)/r
+	cp -r out/docs-assets/vendor $(SITE)/r/
+	$(PY_DOCS) .ci/docs-check.py $(SITE)
+	$(PY_DOCS) .ci/docs-browser-check.py $(SITE) out/docs-screenshots

@@ -35,7 +35,9 @@
 #'   `gradient_bytes` (one copy of the trainable weights);
 #'   `ring_bound_bytes`, what each of the devices that ran ops would send in
 #'   a ring all-reduce of those gradients, `2 (n - 1) / n` times them; and
-#'   `notes`, which explain the columns. Returned invisibly when printed.
+#'   `notes`, which explain the columns. Of class
+#'   `multigpu_placement_report` (a data frame), whose [plot()][plot.multigpu_placement_report]
+#'   method draws it; returned invisibly when printed.
 #' @family multi-device training
 #' @export
 #' @examplesIf multigpu::is_multigpu_available()
@@ -52,6 +54,7 @@
 #' report <- placement_report(parallel_model, x, rowSums(x), print_table = FALSE)
 #' attr(report, "transfers")           # bytes per pair of devices and kind
 #' attr(report, "ring_bound_bytes")    # the all-reduce bound per device
+#' plot(report)                        # one group of bars per device
 placement_report <- function(model, x = NULL, y = NULL, print_table = TRUE) {
   check_model(model)
   print_table <- as_flag(print_table)
@@ -80,6 +83,7 @@ placement_report <- function(model, x = NULL, y = NULL, print_table = TRUE) {
   attr(frame, "gradient_bytes") <- as.double(report$gradient_bytes)
   attr(frame, "ring_bound_bytes") <- as.double(report$ring_bound_bytes)
   attr(frame, "notes") <- unlist(report$notes)
+  class(frame) <- c("multigpu_placement_report", class(frame))
   if (isTRUE(print_table)) {
     cat(report$table(), "\n", sep = "")
     return(invisible(frame))
@@ -106,4 +110,79 @@ transfer_frame <- function(report) {
     columns,
     stringsAsFactors = FALSE
   )
+}
+
+#' Plot a placement report: one group of bars per device
+#'
+#' Draws what [placement_report()] measured, with base graphics: for each
+#' device, its share of the model's weight bytes, of the ops of the observed
+#' step, of the step's kernel time and of the bytes moved between devices
+#' (sent plus received), each bar labelled with the device's own value. A
+#' device doing its part has bars near `1 / devices`; an idle device has
+#' none. Metrics the report has no value for (no batch: ops, time and
+#' transfers) are left out. The numbers are the Python core's
+#' (`multigpu.plot_placement` draws the same bars).
+#'
+#' @param x What [placement_report()] returned.
+#' @param y Unused.
+#' @param ... Further graphical parameters for [graphics::barplot()].
+#' @returns A data frame of the bars drawn, invisibly: one row per device
+#'   and metric, `device`, `metric` (`"weights"`, `"ops"`, `"time"`,
+#'   `"transfers"`), `value` (the report's value; sent plus received bytes
+#'   for transfers), `share` (the bar's height) and `label`.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available()
+#' virtual_devices(2)
+#' keras <- reticulate::import("keras")
+#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+#'                                keras$layers$Dense(8L),
+#'                                keras$layers$Dense(1L)))
+#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' compile(parallel_model, loss = "mse", optimizer = "sgd")
+#' x <- matrix(runif(64), ncol = 4)
+#' report <- placement_report(parallel_model, x, rowSums(x), print_table = FALSE)
+#' plot(report)
+plot.multigpu_placement_report <- function(x, y, ...) {
+  columns <- c("device", "variable_bytes", "ops", "time_share", "sent_bytes",
+               "received_bytes")
+  missing <- setdiff(columns, names(x))
+  if (length(missing)) {
+    multigpu_abort(sprintf(
+      "`x` lacks the column(s) %s of a placement report; pass what placement_report() returned.",
+      paste(missing, collapse = ", ")
+    ), class = "multigpu_type_error")
+  }
+  rows <- lapply(seq_len(nrow(x)), function(i) {
+    lapply(as.list(x[i, columns, drop = FALSE]),
+           function(value) if (is.na(value)) NULL else value)
+  })
+  core()
+  plotting <- reticulate::import("multigpu.plotting")
+  bars <- with_python(plotting$placement_bars(rows))
+  metrics <- vapply(bars$metrics, function(metric) metric$name, "")
+  # Metrics by devices: barplot() draws each column as one group.
+  matrix_of <- function(key) {
+    do.call(rbind, lapply(bars$metrics, function(metric) unlist(metric[[key]])))
+  }
+  shares <- matrix_of("shares")
+  labels <- matrix_of("labels")
+  devices <- unlist(bars$devices)
+  colours <- unlist(plotting$COLOURS[metrics])
+  centres <- graphics::barplot(
+    shares, beside = TRUE, names.arg = sub("^/device:", "", devices),
+    col = colours, border = NA, ylim = c(0, 1.25), ylab = "share of all devices",
+    legend.text = metrics,
+    args.legend = list(x = "top", horiz = TRUE, bty = "n", cex = 0.8, border = NA),
+    ...
+  )
+  graphics::text(centres, shares, labels, srt = 90, adj = c(-0.1, 0.5), cex = 0.6)
+  invisible(data.frame(
+    device = rep(devices, each = length(metrics)),
+    metric = rep(metrics, times = length(devices)),
+    value = as.double(matrix_of("values")),
+    share = as.vector(shares),
+    label = as.vector(labels),
+    stringsAsFactors = FALSE
+  ))
 }

@@ -33,6 +33,7 @@ from multigpu.engines import multi_gpu_model
 from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
+from multigpu.plotting import plot_placement
 from multigpu.replicas import DataParallel, ParallelModel
 from multigpu.saving import load_model, save_model
 from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
@@ -58,6 +59,7 @@ __all__ = [
     "multi_gpu_model",
     "multi_worker_strategy",
     "placement_report",
+    "plot_placement",
     "resolve_devices",
     "save_model",
     "virtual_devices",

@@ -454,7 +454,8 @@ def gradient_bytes(model):
     return sum(variable_bytes(w) for w in seen.values())
 
 
-def _format_bytes(n):
+def format_bytes(n):
+    """Bytes as text in the largest binary unit below 1024: `"1.3 KiB"`."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -528,11 +529,11 @@ class PlacementReport(list):
             ("device", "variables", "variable bytes", "ops", "time share",
              "sent", "received"),
             [(row["device"], str(row["variables"]),
-              _format_bytes(row["variable_bytes"]),
+              format_bytes(row["variable_bytes"]),
               show(row["ops"], str),
               show(row["time_share"], lambda v: f"{100 * v:.1f}%"),
-              show(row["sent_bytes"], _format_bytes),
-              show(row["received_bytes"], _format_bytes))
+              show(row["sent_bytes"], format_bytes),
+              show(row["received_bytes"], format_bytes))
              for row in self],
         )
         if self.transfers is not None:
@@ -544,8 +545,8 @@ class PlacementReport(list):
                 text += _text_table(
                     ["from", "to"] + kinds + ["total"],
                     [[p["source"], p["destination"]]
-                     + [_format_bytes(p[k]) for k in kinds]
-                     + [_format_bytes(p["total"])] for p in pairs],
+                     + [format_bytes(p[k]) for k in kinds]
+                     + [format_bytes(p["total"])] for p in pairs],
                     left=2,
                 )
             else:
@@ -559,10 +560,10 @@ class PlacementReport(list):
             (max(r["sent_bytes"] or 0, r["received_bytes"] or 0)
              for r in self), default=0)
         return (
-            f"busiest device moves {_format_bytes(busiest)} per step; ring "
-            f"all-reduce bound for {_format_bytes(self.gradient_bytes)} of "
+            f"busiest device moves {format_bytes(busiest)} per step; ring "
+            f"all-reduce bound for {format_bytes(self.gradient_bytes)} of "
             f"gradients on {self.replicas} device(s): 2(n-1)/n x gradients "
-            f"= {_format_bytes(self.ring_bound_bytes)} per device"
+            f"= {format_bytes(self.ring_bound_bytes)} per device"
         )
 
     def __str__(self):

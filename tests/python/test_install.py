@@ -95,7 +95,7 @@ def test_cpu_extra_resolves_to_a_wheel_on_each_platform(
 
 
 def test_macos_x86_64_has_no_tensorflow_2_21_as_the_readme_says(tmp_path):
-    """README and install_multigpu() say Intel Macs cannot have TensorFlow
+    """docs/install.md and install_multigpu() say Intel Macs cannot have TensorFlow
     2.21; this fails when a wheel appears, so that both can be updated."""
     environment = {"sys_platform": "darwin", "platform_machine": "x86_64"}
     requirement = _tensorflow_requirement("cpu", environment)

@@ -53,3 +53,34 @@ test_that("placement_report() returns a data frame of devices and prints a table
                "not compiled", class = "multigpu_value_error")
   expect_error(placement_report(partitioned, print_table = NA), "`print_table` must be TRUE or FALSE")
 })
+
+test_that("plot() draws one group of bars per device with the report's numbers", {
+  skip_if_no_multigpu()
+  partitioned <- model_parallel(chain_of_dense(), devices = 2, split = "transform")
+  compile(partitioned, loss = "sparse_categorical_crossentropy", optimizer = "sgd")
+  report <- placement_report(partitioned, iris_x(1:16), iris_y(1:16), print_table = FALSE)
+  expect_s3_class(report, c("multigpu_placement_report", "data.frame"))
+  pdf(NULL)
+  on.exit(grDevices::dev.off(), add = TRUE)
+  bars <- plot(report)
+  metrics <- c("weights", "ops", "time", "transfers")
+  expect_identical(bars$device, rep(report$device, each = 4))
+  expect_identical(bars$metric, rep(metrics, times = 4))
+  value <- function(metric) bars$value[bars$metric == metric]
+  share <- function(metric) bars$share[bars$metric == metric]
+  expect_identical(value("weights"), report$variable_bytes)
+  expect_identical(value("ops"), as.double(report$ops))
+  expect_identical(value("time"), report$time_share)
+  expect_identical(value("transfers"), report$sent_bytes + report$received_bytes)
+  for (metric in metrics) {
+    expect_equal(share(metric), value(metric) / sum(value(metric)))
+  }
+  expect_identical(share("ops")[3:4], c(0, 0))   # two stages: two idle devices
+  expect_identical(bars$label[1], "160 B")      # 4 * (4 * 8 + 8) bytes on CPU:0
+
+  weights_only <- plot(placement_report(partitioned, print_table = FALSE))
+  expect_identical(unique(weights_only$metric), "weights")
+  expect_error(plot(structure(data.frame(device = "/device:CPU:0"),
+                              class = c("multigpu_placement_report", "data.frame"))),
+               "lacks the column", class = "multigpu_type_error")
+})
