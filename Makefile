@@ -25,10 +25,11 @@ NUMPY2_VENV := .venv-numpy2
 PY_NUMPY2 := $(NUMPY2_VENV)/bin/python
 PY_NUMPY2_STAMP := $(NUMPY2_VENV)/.installed-test
 # The documentation site's tools (the docs extra: MkDocs, mkdocstrings,
-# markdown-exec, selenium), with the core, for the guides' examples.
-DOCS_VENV := .venv-docs
-PY_DOCS := $(DOCS_VENV)/bin/python
-PY_DOCS_STAMP := $(DOCS_VENV)/.installed-docs
+# markdown-exec, selenium) go into .venv-numpy2, whose core and TensorFlow
+# run the guides' examples: a third environment would install TensorFlow
+# once more.
+PY_DOCS := $(PY_NUMPY2)
+PY_DOCS_STAMP := $(NUMPY2_VENV)/.installed-docs
 SITE := out/site
 NUMPY1_TESTS := tests/python/test_scenario_parity.py::test_parity \
 	tests/python/test_scenario_parity.py::test_parity_summary \
@@ -122,9 +123,8 @@ bench-quick: setup-test
 
 setup-docs: $(PY_DOCS_STAMP) setup-docs-debs
 
-$(PY_DOCS_STAMP): pyproject.toml
-	$(PYTHON_BOOT) -m venv $(DOCS_VENV)
-	$(PY_DOCS) -m pip install --quiet -e ".[cpu,docs]"
+$(PY_DOCS_STAMP): $(PY_NUMPY2_STAMP)
+	$(PY_DOCS) -m pip install --quiet -e ".[cpu,demo,test,docs]" "numpy>=2"
 	touch $@
 
 setup-docs-debs: setup-r

@@ -35,7 +35,7 @@ fi
 
 echo "== roxygen2: NAMESPACE and man/ are up to date"
 rm -rf "$out/roxygen" && mkdir -p "$out/roxygen"
-tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./.venv-docs --exclude=./out --exclude='./*.Rcheck' \
+tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./out --exclude='./*.Rcheck' \
   -cf - . | tar -xf - -C "$out/roxygen"
 (cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
 if ! diff -r -q "$root/man" "$out/roxygen/man" ||
