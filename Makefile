@@ -96,8 +96,9 @@ lint: setup-numpy2
 	$(PY_NUMPY2) -m ruff check python tests bench
 
 # `-m` replaces the one in pytest's addopts: keep the slow sweeps out here too.
+# --durations lists the slowest tests, to keep CI within its time.
 test-python: setup-numpy2 slurm-up
-	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity"
+	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity" --durations=25
 
 test-python-numpy1: setup-test
 	$(PY) -m pytest -q $(NUMPY1_TESTS)
