@@ -48,8 +48,9 @@ R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 
 # What `make docs` adds (Debian's): pkgdown for the R pages, Chromium and
 # its driver for the browser check, linkchecker, npm for the scripts
-# pkgdown's pages load (.ci/docs-assets.sh).
-DOCS_DEBS := r-cran-pkgdown chromium chromium-driver linkchecker npm
+# pkgdown's pages load (.ci/docs-assets.sh). Only the missing ones are
+# installed: Debian's npm conflicts with a Node.js the machine already has
+# from elsewhere (NodeSource's nodejs ships its own npm).
 
 .PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
 	setup setup-python setup-test setup-numpy2 setup-r slurm-up lint \
@@ -129,11 +130,16 @@ $(PY_DOCS_STAMP): $(PY_NUMPY2_STAMP)
 	touch $@
 
 setup-docs-debs: setup-r
-	@Rscript -e 'q(status = !requireNamespace("pkgdown", quietly = TRUE))' 2>/dev/null \
-	  && command -v chromium >/dev/null && command -v chromedriver >/dev/null \
-	  && command -v linkchecker >/dev/null && command -v npm >/dev/null \
-	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	       $(SUDO) apt-get install -y -qq --no-install-recommends $(DOCS_DEBS); }
+	@missing=; \
+	Rscript -e 'q(status = !requireNamespace("pkgdown", quietly = TRUE))' 2>/dev/null \
+	  || missing="$$missing r-cran-pkgdown"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
+	command -v linkchecker >/dev/null || missing="$$missing linkchecker"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	[ -z "$$missing" ] || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	  --no-install-recommends $$missing; }
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from
 # the docstrings, the benchmarks) into out/site and, at the same time,
