@@ -40,9 +40,11 @@ def _step_function(model, devices, batch_size):
     import keras
     import tensorflow as tf
 
+    from multigpu.forward import split_bounds
+
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     weights = model.trainable_weights
-    bounds = [(i * batch_size) // len(devices) for i in range(len(devices) + 1)]
+    bounds = split_bounds(batch_size, len(devices))
 
     @tf.function
     def step(x, y):
