@@ -98,8 +98,15 @@ lint: setup-numpy2
 
 # `-m` replaces the one in pytest's addopts: keep the slow sweeps out here too.
 # --durations lists the slowest tests, to keep CI within its time.
+# pytest-xdist runs the tests in PYTEST_WORKERS processes: on CI's 2 cores
+# two halve the wall time (much of a test is single-threaded tracing and
+# subprocess start-up); each worker holds its own TensorFlow (about 1 GiB).
+# The NumPy-1 set stays in one process: its parity summary reads what the
+# parity tests before it recorded.
+PYTEST_WORKERS ?= 2
 test-python: setup-numpy2 slurm-up
-	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity" --durations=25
+	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity" --durations=25 \
+	  -n $(PYTEST_WORKERS) --dist worksteal
 
 test-python-numpy1: setup-test
 	$(PY) -m pytest -q $(NUMPY1_TESTS)

@@ -58,30 +58,25 @@ def _scenario(tmp_path, path, save_freq, plan):
     return out
 
 
-def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path):
-    rng = np.random.default_rng(SEED)
-    scenarios = [(p, f, _kill_plan(rng)) for p in PATHS for f in FREQUENCIES]
+# One test per training path, so that parallel test workers share them out.
+@pytest.mark.parametrize("path", PATHS)
+def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path, path):
+    rng = np.random.default_rng([SEED, PATHS.index(path)])
+    plans = {freq: _kill_plan(rng) for freq in FREQUENCIES}
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        unbroken = {
-            path: pool.submit(_run, path, "epoch", tmp_path / f"u-{path}",
-                              tmp_path / f"u-{path}.npz")
-            for path in PATHS
-        }
-        resumed = {
-            (path, freq, plan): pool.submit(_scenario, tmp_path, path, freq,
-                                            plan)
-            for path, freq, plan in scenarios
-        }
-        for future in unbroken.values():
-            code, stderr = future.result()
-            assert code == 0, stderr[-2000:]
-        for (path, freq, plan), future in resumed.items():
+        unbroken = pool.submit(_run, path, "epoch", tmp_path / "unbroken",
+                               tmp_path / "unbroken.npz")
+        resumed = {freq: pool.submit(_scenario, tmp_path, path, freq, plan)
+                   for freq, plan in plans.items()}
+        code, stderr = unbroken.result()
+        assert code == 0, stderr[-2000:]
+        want = np.load(tmp_path / "unbroken.npz")
+        for freq, future in resumed.items():
             got = np.load(future.result())
-            want = np.load(tmp_path / f"u-{path}.npz")
             for key in want:
                 np.testing.assert_allclose(
                     got[key], want[key], atol=1e-6, rtol=0,
-                    err_msg=f"{path}, save_freq={freq}, kills {plan}")
+                    err_msg=f"{path}, save_freq={freq}, kills {plans[freq]}")
 
 
 @pytest.mark.slow
