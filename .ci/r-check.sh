@@ -7,8 +7,10 @@
 # 2. R CMD build (runs both vignettes for real).
 # 3. .ci/r-install-test.sh: the tarball installed into an empty library,
 #    install_multigpu() run elsewhere, a model trained with it.
-# 4. R CMD check --no-manual on the tarball (examples, testthat suite,
-#    vignettes rebuilt); any ERROR or WARNING fails, NOTEs are listed.
+# 4. R CMD check --no-manual --no-build-vignettes on the tarball (examples,
+#    testthat suite, the vignettes' code run; their outputs are the ones
+#    R CMD build just knitted, so they are not knitted a second time); any
+#    ERROR or WARNING fails, NOTEs are listed.
 # 5. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
 #    in CI also a skip, fails.
 #
@@ -52,9 +54,9 @@ tarball=$(ls "$out"/multigpu_*.tar.gz)
 echo "== the tarball installed as a user does: install_multigpu(), then training"
 bash "$root/.ci/r-install-test.sh" "$tarball"
 
-echo "== R CMD check --no-manual"
+echo "== R CMD check --no-manual --no-build-vignettes"
 status=0
-(cd "$out" && R CMD check --no-manual "$tarball") || status=$?
+(cd "$out" && R CMD check --no-manual --no-build-vignettes "$tarball") || status=$?
 log="$out/multigpu.Rcheck/00check.log"
 
 echo "== testthat"
