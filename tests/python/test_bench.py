@@ -200,3 +200,24 @@ def test_the_kernel_floor_splits_the_same_gradients_over_the_devices():
     assert table.splitlines()[-1] == (
         "| mlp_large | 4 | 250.0 | 370.0 | 0.68x [0.60, 0.86] |")
     keras.utils.clear_session()
+
+
+def test_the_blas_split_computes_the_whole_product_slice_by_slice():
+    # The split side of bench.blas_split must do the whole product's work:
+    # its row slices, stacked, are the product of all rows.
+    import concurrent.futures
+
+    import numpy as np
+
+    from bench import blas_split
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((10, 6), dtype=np.float32)
+    w = rng.standard_normal((6, 3), dtype=np.float32)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        parts = blas_split.split_product(x, w, 4, pool)
+    assert [len(part) for part in parts] == [3, 3, 2, 2]
+    np.testing.assert_allclose(np.concatenate(parts), x @ w, rtol=1e-5)
+    row = blas_split.measure((8, 4, 4), 2, rounds=2, calls=2, cores=2)
+    assert row["whole_ms"] > 0 and row["split_ms"] > 0
+    assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
