@@ -69,6 +69,6 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch",
                                  max_to_keep = 3L) {
   call_core("checkpoint_callbacks", as_path(checkpoint_dir),
-            save_freq = if (is.numeric(save_freq)) as_count(save_freq) else save_freq,
+            save_freq = if (is.character(save_freq)) save_freq else as_count(save_freq),
             max_to_keep = as_count(max_to_keep))
 }

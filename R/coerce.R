@@ -51,17 +51,18 @@ as_count <- function(x, arg = deparse(substitute(x)), null_ok = TRUE,
     multigpu_abort(sprintf("`%s` must be a whole number >= 0, not NULL.", arg),
                    call = call)
   }
+  given <- x
   if (!is.numeric(x) && identical(length(x), 1L) && is.na(x)) x <- NA_real_
   if (!is.numeric(x) || length(x) != 1L) {
     multigpu_abort(sprintf(
-      "`%s` must be a single whole number >= 0, not %s.", arg, describe(x)
+      "`%s` must be a single whole number >= 0, not %s.", arg, describe(given)
     ), call = call)
   }
   problem <- count_problem(x)
   if (!is.null(problem)) {
     multigpu_abort(sprintf(
       "`%s` %s: received %s. Use a whole number >= 0, such as %s = 2.",
-      arg, problem, describe(x), arg
+      arg, problem, describe(given), arg
     ), call = call)
   }
   as.integer(x)
