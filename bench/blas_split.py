@@ -20,13 +20,14 @@ layer and a control whose weights fit in a core's L2 cache.
 
 import argparse
 import concurrent.futures
-import json
 import os
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from bench import report
 
 # name: (rows, inputs, outputs), as in `x @ w` with x (rows, inputs).
 SHAPES = {
@@ -128,13 +129,9 @@ def main(argv=None):
             row = measure(shape, slices, args.rounds, args.calls, cores)
             rows.append({"shape": name, "slices": slices, **row})
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "results.json"), "w") as handle:
-        json.dump({"rows": rows, "cores": cores, "load_1min": os.getloadavg()[0],
-                   "numpy": np.__version__}, handle, indent=1)
-    with open(os.path.join(args.output, "results.md"), "w") as handle:
-        handle.write(markdown(rows))
-    print(markdown(rows))
+    report.write_results(args.output, {"rows": rows, "cores": cores,
+                                       "load_1min": os.getloadavg()[0],
+                                       "numpy": np.__version__}, markdown(rows))
     return 0
 
 

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from bench import report
+
 WORKLOADS = ("demo", "cnn", "mlp_large", "resnet50_sized")
 # Selectable with --workloads: a real ResNet-50 (an hour per count here).
 EXTRA_WORKLOADS = ("resnet50",)
@@ -415,14 +417,9 @@ def main(argv=None):
                 if (base["engine"], n) not in have:
                     rows.append(extrapolate(base, n))
     preds = predictions(rows)
-    os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "results.json"), "w") as handle:
-        json.dump({"counts": rows, "predictions": preds}, handle, indent=1)
-    text = markdown(rows, preds)
-    with open(os.path.join(args.output, "results.md"), "w") as handle:
-        handle.write(text)
+    report.write_results(args.output, {"counts": rows, "predictions": preds},
+                         markdown(rows, preds))
     plot(rows, preds, os.path.join(args.output, "communication.png"))
-    print(text)
     return 0
 
 

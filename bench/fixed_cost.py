@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+from bench import report
+
 DEVICE_COUNTS = (2, 4, 8)
 ROWS_PER_REPLICA = (1, 8, 32)
 
@@ -236,13 +238,8 @@ def main(argv=None):
             sys.stderr.write(done.stderr[-3000:])
             raise SystemExit(f"worker on {n} devices failed")
         rows += json.loads(done.stdout.strip().splitlines()[-1])
-    os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "results.json"), "w") as handle:
-        json.dump(rows, handle, indent=1)
-    text = markdown(rows) + "\n" + markdown_alternating(rows)
-    with open(os.path.join(args.output, "results.md"), "w") as handle:
-        handle.write(text)
-    print(text)
+    report.write_results(args.output, rows,
+                         markdown(rows) + "\n" + markdown_alternating(rows))
     return 0
 
 

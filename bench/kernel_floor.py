@@ -24,14 +24,13 @@ Keras on this machine, before its own plumbing.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from bench import models
+from bench import models, report
 
 DEVICE_COUNTS = (2, 4)
 
@@ -153,13 +152,8 @@ def main(argv=None):
         for n in counts:
             rows.append(measure(workload, n, args.steps, args.pairs))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "results.json"), "w") as handle:
-        json.dump({"rows": rows, "load_1min": os.getloadavg()[0]}, handle,
-                  indent=1)
-    with open(os.path.join(args.output, "results.md"), "w") as handle:
-        handle.write(markdown(rows))
-    print(markdown(rows))
+    report.write_results(args.output, {"rows": rows, "load_1min": os.getloadavg()[0]},
+                         markdown(rows))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Turns measurements into the CSV files, the Markdown table and the plots."""
 
 import csv
+import json
 import math
+import os
 import random
 import statistics
 
@@ -224,6 +226,25 @@ def write_csv(path, rows, columns, metadata=None):
         for row in rows:
             row = {k: _format(v, 4) for k, v in row.items()}
             writer.writerow({**row, **(metadata or {})})
+
+
+def write_results(directory, data, text):
+    """Writes a side benchmark's `results.json` and `results.md`, prints the text.
+
+    Args:
+        directory: Output directory, created if missing.
+        data: What `results.json` holds (anything `json` can write).
+        text: The Markdown of `results.md`, printed too.
+
+    Example:
+    >>> write_results("out/kernel-floor", {"rows": rows}, markdown(rows))
+    """
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "results.json"), "w") as handle:
+        json.dump(data, handle, indent=1)
+    with open(os.path.join(directory, "results.md"), "w") as handle:
+        handle.write(text)
+    print(text)
 
 
 def verdict(low, high, minimum=None, maximum=None):
