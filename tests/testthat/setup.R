@@ -1,6 +1,9 @@
-# One R process runs every test file. TensorFlow fixes its devices when it
-# starts, so the simulated devices are configured here, once, before any
-# test touches TensorFlow: 4 logical CPU devices, as in the Python tests.
+# testthat runs the test files in parallel R processes
+# (Config/testthat/parallel in DESCRIPTION; TESTTHAT_CPUS of them, 2 by
+# default), and each runs this file first. TensorFlow fixes its devices when
+# it starts, so the simulated devices are configured here, once per process,
+# before any test touches TensorFlow: 4 logical CPU devices, as in the Python
+# tests.
 if (is_multigpu_available()) {
   virtual_devices(4)
   keras_py()$utils$set_random_seed(1L)
