@@ -21,7 +21,6 @@ layer and a control whose weights fit in a core's L2 cache.
 import argparse
 import concurrent.futures
 import os
-import statistics
 import sys
 import time
 
@@ -96,11 +95,7 @@ def measure(shape, slices, rounds, calls, cores):
             with threadpool_limits(1):
                 split.append(_milliseconds(
                     lambda: split_product(x, w, slices, pool), calls))
-    ratios = [a / b for a, b in zip(whole, split)]
-    return {"whole_ms": statistics.median(whole),
-            "split_ms": statistics.median(split),
-            "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)]}
+    return report.whole_over_split(whole, split)
 
 
 def markdown(rows):
@@ -109,9 +104,8 @@ def markdown(rows):
              "(ms) | whole / split: median [range] |",
              "|---|---:|---:|---:|---|"]
     for r in rows:
-        low, high = r["ratio_range"]
-        lines.append(f"| {r['shape']} | {r['slices']} | {r['whole_ms']:.1f} | "
-                     f"{r['split_ms']:.1f} | {r['ratio']:.2f}x [{low:.2f}, {high:.2f}] |")
+        lines.append(f"| {r['shape']} | {r['slices']} | "
+                     f"{report.whole_over_split_cells(r)} |")
     return "\n".join(lines) + "\n"
 
 

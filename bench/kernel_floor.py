@@ -103,13 +103,10 @@ def measure(workload, n, steps, pairs):
     for _ in range(pairs):
         whole.append(_run_worker("whole", n, workload, steps))
         split.append(_run_worker("split", n, workload, steps))
-    ratios = [w / s for w, s in zip(whole, split)]
     return {"workload": workload, "devices": n,
-            "whole_ms": 1e3 * statistics.median(whole),
-            "split_ms": 1e3 * statistics.median(split),
-            "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)], "pairs": pairs,
-            "steps": steps}
+            **report.whole_over_split([1e3 * s for s in whole],
+                                      [1e3 * s for s in split]),
+            "pairs": pairs, "steps": steps}
 
 
 def markdown(rows):
@@ -120,10 +117,8 @@ def markdown(rows):
         "|---|---:|---:|---:|---|",
     ]
     for r in rows:
-        low, high = r["ratio_range"]
-        lines.append(
-            f"| {r['workload']} | {r['devices']} | {r['whole_ms']:.1f} | "
-            f"{r['split_ms']:.1f} | {r['ratio']:.2f}x [{low:.2f}, {high:.2f}] |")
+        lines.append(f"| {r['workload']} | {r['devices']} | "
+                     f"{report.whole_over_split_cells(r)} |")
     return "\n".join(lines) + "\n"
 
 

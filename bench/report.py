@@ -228,6 +228,36 @@ def write_csv(path, rows, columns, metadata=None):
             writer.writerow({**row, **(metadata or {})})
 
 
+def whole_over_split(whole_ms, split_ms):
+    """Summarises paired timings of a whole computation and of its split.
+
+    Args:
+        whole_ms: Milliseconds of the whole computation, one per pair.
+        split_ms: Milliseconds of the split one, taken in turn with them.
+
+    Returns:
+        A dict: the medians `whole_ms` and `split_ms`, and `ratio` and
+        `ratio_range`, the median and range of `whole / split` per pair
+        (above 1: the split is faster).
+
+    Example:
+    >>> whole_over_split([10.0, 12.0], [20.0, 12.0])["ratio_range"]
+    [0.5, 1.0]
+    """
+    ratios = [w / s for w, s in zip(whole_ms, split_ms)]
+    return {"whole_ms": statistics.median(whole_ms),
+            "split_ms": statistics.median(split_ms),
+            "ratio": statistics.median(ratios),
+            "ratio_range": [min(ratios), max(ratios)]}
+
+
+def whole_over_split_cells(row):
+    """The Markdown cells of `whole_over_split`'s dict: ms, ms, ratio [range]."""
+    low, high = row["ratio_range"]
+    return (f"{row['whole_ms']:.1f} | {row['split_ms']:.1f} | "
+            f"{row['ratio']:.2f}x [{low:.2f}, {high:.2f}]")
+
+
 def write_results(directory, data, text):
     """Writes a side benchmark's `results.json` and `results.md`, prints the text.
 
