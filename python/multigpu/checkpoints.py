@@ -18,19 +18,24 @@ Every file is written under a temporary name and renamed into place, and the
 backup's weights and position are committed together by one rename of its
 metadata file, so a process killed at any moment (SIGKILL, OOM killer,
 preemption) leaves either the old checkpoint or the new one, never a torn
-file. In multi-worker training only the chief writes.
+file. In multi-worker training only the chief writes. One process writes a
+directory at a time (`WriterLock`); a second one is refused up front.
 
 `make_or_restore_model(checkpoint_dir, build_fn)` returns the newest
 `ckpt-*.keras` model (by epoch and batch), or `build_fn()` when there is none.
 """
 
+import datetime
+import errno
 import glob
 import inspect
 import io
 import json
 import os
 import re
+import socket
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -41,12 +46,13 @@ from multigpu import cluster as cluster_lib
 from multigpu import data as data_lib
 from multigpu import internals
 from multigpu.arguments import check_int
-from multigpu.messages import api, literal
+from multigpu.messages import api, literal, setting
 
 CHECKPOINT_PATTERN = re.compile(r"^ckpt-(\d+)(?:-(\d+))?\.keras$")
 _TEMP_PREFIX = ".tmp-"
 _BACKUP = "backup"
 _METADATA = "training_metadata.json"
+_LOCK = ".writer.lock"
 _STATE_PATTERN = re.compile(r"^state-(\d+)\.json$")
 _WEIGHTS_PATTERN = re.compile(r"^weights-(\d+)\.weights\.h5$")
 DEFAULT_MAX_TO_KEEP = 3
@@ -215,31 +221,69 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     newest `max_to_keep`, and (in multi-worker training) writes on the
     chief only. With a batch frequency it saves every `save_freq` trained
     batches counted from the last epoch end, so an interrupted and resumed
-    run writes the same files as an uninterrupted one.
+    run writes the same files as an uninterrupted one, and at every epoch
+    end to `epoch_filepath`; when the epoch's last batch was just saved,
+    that file is renamed rather than written twice.
+
+    Args:
+        filepath: Path pattern of the models, `{epoch}` (and `{batch}` with
+            a batch frequency) filled in by Keras.
+        save_freq: `"epoch"` or an int N (every N trained batches).
+        max_to_keep: How many newest `ckpt-*.keras` to keep; None keeps all.
+        position: The `ResumePosition` shared with the backup callback.
+        epoch_filepath: Path pattern of the epoch-end models with a batch
+            frequency (`{epoch}` only); defaults to `filepath`.
     """
 
     def __init__(self, filepath, save_freq="epoch", max_to_keep=None,
-                 position=None):
+                 position=None, epoch_filepath=None):
         super().__init__(filepath, save_freq=save_freq)
         self.max_to_keep = max_to_keep
+        self.epoch_filepath = epoch_filepath or self.filepath
         self._position = position or ResumePosition()
         self._trained_since_save = 0
+        self._last_batch_save = None
+        self._last_committed = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._last_batch_save = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self.save_freq == "epoch" or self._position.skipped:
             return
+        self._last_batch_save = None
         self._trained_since_save += 1
         if self._trained_since_save >= self.save_freq:
             self._trained_since_save = 0
+            self._last_committed = None
             self._save_model(epoch=self._current_epoch, batch=batch,
                              logs=logs)
+            self._last_batch_save = self._last_committed
 
     def on_epoch_end(self, epoch, logs=None):
         self._trained_since_save = 0
-        super().on_epoch_end(epoch, logs)
+        if self.save_freq == "epoch":
+            super().on_epoch_end(epoch, logs)
+            return
+        if self.monitor_op is None:
+            self._set_monitor_op()
+        just_saved = self._last_batch_save
+        self._last_batch_save = None
+        if just_saved and os.path.exists(just_saved):
+            # The epoch's last batch was saved: same weights, same optimizer
+            # state; the file gets the epoch-end name.
+            final = self.epoch_filepath.format(epoch=epoch + 1, **(logs or {}))
+            os.replace(just_saved, final)
+            return
+        self._save_model(epoch=epoch, batch=None, logs=logs)
 
     def _get_file_path(self, epoch, batch, logs):
-        self._final_path = super()._get_file_path(epoch, batch, logs)
+        if batch is None and self.save_freq != "epoch":
+            self._final_path = self.epoch_filepath.format(
+                epoch=epoch + 1, **(logs or {}))
+        else:
+            self._final_path = super()._get_file_path(epoch, batch, logs)
         return _temp_path(self._final_path)
 
     def _save_model(self, epoch, batch, logs):
@@ -257,6 +301,7 @@ class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
         final = self._final_path
         if final is not None and os.path.exists(_temp_path(final)):
             _commit(_temp_path(final), final)
+            self._last_committed = final
             prune_checkpoints(os.path.dirname(final), self.max_to_keep)
 
 
@@ -273,9 +318,11 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     optimizer and random state as an uninterrupted run would.
     """
 
-    def __init__(self, backup_dir, save_freq="epoch", position=None):
+    def __init__(self, backup_dir, save_freq="epoch", position=None,
+                 lock=None):
         super().__init__(backup_dir, save_freq=save_freq,
                          delete_checkpoint=False)
+        self.writer_lock = lock
         self._position = position or ResumePosition()
         self._trained_since_save = 0
         self._trained_in_epoch = 0
@@ -283,9 +330,14 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self._version = 0
 
     def on_train_begin(self, logs=None):
-        if os.path.isdir(self.backup_dir) and writes_checkpoints(self.model):
+        writes = writes_checkpoints(self.model)
+        if writes and self.writer_lock is not None:
+            # Released at the end of the last training; taken again here.
+            self.writer_lock.acquire()
+        if os.path.isdir(self.backup_dir) and writes:
             _remove_stale_temporaries(self.backup_dir)
         _warn_if_not_replayable(self.model, self)
+        _warn_if_steps_per_execution(self.model, self.save_freq)
         state = self._restore()
         self._position.skip = 0
         self._position.skipped = False
@@ -331,6 +383,8 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         original = getattr(train_function, "skipped_function", None)
         if original is not None:
             self.model.train_function = original
+        if self.writer_lock is not None:
+            self.writer_lock.release()
 
     def _states(self):
         """Candidate committed states, newest first: (path, metadata)."""
@@ -454,6 +508,201 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
                 _remove_quietly(os.path.join(self.backup_dir, name))
 
 
+def _warn_if_steps_per_execution(model, save_freq):
+    """Warns when a mid-epoch resume cannot be step-exact."""
+    steps = getattr(model, "steps_per_execution", 1) or 1
+    if save_freq == "epoch" or int(steps) <= 1:
+        return
+    warnings.warn(
+        f"checkpoint_callbacks({setting('save_freq', save_freq)}) with a "
+        f"model compiled with {setting('steps_per_execution', int(steps))}: "
+        "callbacks see one batch end per execution of "
+        f"{int(steps)} batches, so checkpoints are taken every {save_freq} "
+        "executions and a run resumed in the middle of an epoch does not "
+        "continue at the exact batch. Compile with "
+        f"{setting('steps_per_execution', 1)} for step-exact resumes, or "
+        f"checkpoint with {setting('save_freq', 'epoch')} (a resume then "
+        "starts at the interrupted epoch's first batch).",
+        UserWarning, stacklevel=3,
+    )
+
+
+def _lock_file(handle):
+    """Locks an open file without waiting; False if another process holds it.
+
+    `flock` (Linux, macOS, BSD) and `msvcrt.locking` (Windows) locks belong
+    to the open file: the operating system drops them when the process
+    ends, however it ends (SIGKILL, OOM killer, power-off of a node that
+    held an NFS lock once its lease expires), so a killed run never blocks
+    the next one.
+
+    Raises:
+        OSError: when the file system does not support locks.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        # Lock one byte past the holder's record, so that others can read
+        # it (Windows locks are mandatory); a lock beyond the end of a file
+        # is allowed.
+        handle.seek(1 << 20)
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        finally:
+            handle.seek(0)
+        return True
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+    return True
+
+
+def _unlock_file(handle):
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+
+        handle.seek(1 << 20)
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+        except OSError:
+            pass
+        return
+    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class WriterLock:
+    """The lock of the one process that writes a checkpoint directory.
+
+    Two runs training into one `checkpoint_dir` would interleave their
+    states, and a resumed run would restore them as one. The writing
+    process holds an exclusive lock on `checkpoint_dir/.writer.lock` (see
+    `_lock_file`) from `checkpoint_callbacks` to the end of training, and
+    writes its pid, host and start time into the file for the message
+    another process gets. The lock is per process: the same process may
+    take it again (a second `fit`, a script re-run in one R session); the
+    operating system releases it when the process ends, even when killed.
+    In multi-worker training only the chief takes it; the other workers
+    read the directory. Readers (`make_or_restore_model`) take no lock.
+
+    Args:
+        directory: The checkpoint directory (it exists).
+    """
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.path = os.path.join(directory, _LOCK)
+        self._handle = None
+
+    @property
+    def held(self):
+        """Whether this process holds the lock now."""
+        return self._handle is not None
+
+    def acquire(self):
+        """Takes the lock; does nothing if this process holds it already.
+
+        Raises:
+            ValueError: if another process holds it.
+        """
+        if self._handle is not None:
+            return
+        handle = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644),
+                           "r+b")
+        try:
+            locked = _lock_file(handle)
+        except OSError as error:
+            handle.close()
+            warnings.warn(
+                f"checkpoint_callbacks: the file system of "
+                f"{literal(self.directory)} does not support file locks "
+                f"({error.strerror or error}); another run writing into the "
+                "same directory would not be detected.",
+                UserWarning, stacklevel=3,
+            )
+            return
+        if not locked:
+            holder = _holder(handle)
+            handle.close()
+            raise ValueError(_held_message(self.directory, holder))
+        handle.truncate(0)
+        handle.write(json.dumps({
+            "pid": os.getpid(), "host": socket.gethostname(),
+            "since": datetime.datetime.now().astimezone().isoformat(
+                timespec="seconds"),
+        }).encode("utf-8"))
+        handle.flush()
+        self._handle = handle
+
+    def release(self):
+        """Releases the lock if this process holds it."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                _unlock_file(handle)
+            finally:
+                handle.close()
+
+    def __del__(self):
+        self.release()
+
+
+def _holder(handle):
+    try:
+        handle.seek(0)
+        return json.loads(handle.read(4096).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def _held_message(directory, holder):
+    who = "another process"
+    if isinstance(holder, dict) and holder.get("pid"):
+        who = f"process {holder['pid']}"
+        if holder.get("host"):
+            who += f" on {holder['host']}"
+        if holder.get("since"):
+            who += f" (since {holder['since']})"
+    return (
+        f"Invalid `checkpoint_dir`: received {literal(directory)}, which "
+        f"{who} is training into. Two runs writing one checkpoint directory "
+        f"interleave their checkpoints, and "
+        f"{api('make_or_restore_model')} would restore them as one run. "
+        "Wait for that run to finish (or stop it) and run again to resume "
+        "it, or give this run its own checkpoint_dir. The lock is released "
+        "when that process ends, even if it is killed."
+    )
+
+
+# One lock per directory and process, shared by every callback set on it.
+_WRITER_LOCKS = weakref.WeakValueDictionary()
+
+
+def writer_lock(directory):
+    """The process's `WriterLock` for `directory` (one per directory).
+
+    Args:
+        directory: An existing checkpoint directory.
+
+    Returns:
+        A `WriterLock`, alive as long as a callback holds it.
+    """
+    key = os.path.normcase(os.path.realpath(directory))
+    lock = _WRITER_LOCKS.get(key)
+    if lock is None:
+        lock = WriterLock(directory)
+        _WRITER_LOCKS[key] = lock
+    return lock
+
+
 class _NamedBuffer(io.BytesIO):
     """An in-memory file that `model.save_weights` accepts as `name`."""
 
@@ -553,6 +802,18 @@ def _check_writable(directory):
         )
 
 
+def _check_backup_path(directory):
+    backup = os.path.join(directory, _BACKUP)
+    if os.path.exists(backup) and not os.path.isdir(backup):
+        raise ValueError(
+            f"Invalid `checkpoint_dir`: received {literal(directory)}, which "
+            f"holds a file named {literal(_BACKUP)} where checkpoint_callbacks "
+            "keeps the training state (a directory of that name); checked "
+            "before training so no epoch is lost. Move or rename that file, "
+            "or choose another checkpoint_dir."
+        )
+
+
 def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
                          max_to_keep=DEFAULT_MAX_TO_KEEP):
     """Keras callbacks that checkpoint training and resume it exactly.
@@ -569,11 +830,17 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
 
     Args:
         checkpoint_dir: Directory for the checkpoints (created if missing):
-            `ckpt-{epoch}.keras` full models (`ckpt-{epoch}-{batch}.keras`
-            with a batch frequency) and the `backup/` training state.
+            `ckpt-{epoch}.keras` full models at every epoch end (and
+            `ckpt-{epoch}-{batch}.keras` in between with a batch frequency)
+            and the `backup/` training state. One process writes it at a
+            time: the callbacks hold a lock on it from this call to the end
+            of training, which the operating system releases when the
+            process ends, even if it is killed.
         save_freq: `"epoch"` to checkpoint at the end of every epoch, or an
             int N to checkpoint every N batches (counted from each epoch's
-            start) and at every epoch end.
+            start) and at every epoch end. A mid-epoch resume is exact with
+            a model compiled with `steps_per_execution=1` (warned about
+            otherwise).
         max_to_keep: How many of the newest `ckpt-*.keras` models to keep
             (as TensorFlow's `tf.train.CheckpointManager`); None keeps all.
             The `backup/` state always keeps the newest and previous state.
@@ -585,7 +852,9 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
 
     Raises:
         ValueError: for an invalid `checkpoint_dir`, `save_freq` or
-            `max_to_keep`, or a directory this process cannot write.
+            `max_to_keep`, a directory this process cannot write, one that
+            holds a file named `backup`, or one another process is training
+            into.
 
     Example:
     >>> with strategy.scope():
@@ -597,18 +866,24 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
     save_freq = _check_save_freq(save_freq)
     max_to_keep = _check_max_to_keep(max_to_keep)
     _check_writable(directory)
+    _check_backup_path(directory)
+    lock = None
     if cluster_lib.is_chief():
+        lock = writer_lock(directory)
+        lock.acquire()
         _remove_stale_temporaries(directory)
-    name = "ckpt-{epoch}.keras" if save_freq == "epoch" else (
-        "ckpt-{epoch}-{batch}.keras"
-    )
+    epoch_name = "ckpt-{epoch}.keras"
+    name = epoch_name if save_freq == "epoch" else "ckpt-{epoch}-{batch}.keras"
     position = ResumePosition()
     return [
         AtomicBackupAndRestore(os.path.join(directory, _BACKUP),
-                               save_freq=save_freq, position=position),
+                               save_freq=save_freq, position=position,
+                               lock=lock),
         AtomicModelCheckpoint(os.path.join(directory, name),
                               save_freq=save_freq, max_to_keep=max_to_keep,
-                              position=position),
+                              position=position,
+                              epoch_filepath=os.path.join(directory,
+                                                          epoch_name)),
     ]
 
 
@@ -686,7 +961,8 @@ def make_or_restore_model(checkpoint_dir, build_fn):
         state) or `build_fn()`.
 
     Raises:
-        ValueError: for an invalid `checkpoint_dir`.
+        ValueError: for an invalid `checkpoint_dir`, or if `build_fn`
+            returns a model that is not compiled.
         TypeError: if `build_fn` is not callable or does not return a
             `keras.Model`.
 
@@ -716,5 +992,13 @@ def make_or_restore_model(checkpoint_dir, build_fn):
         raise TypeError(
             f"Invalid `build_fn`: it returned an object of type "
             f"{type(model).__name__}; expected a compiled keras.Model."
+        )
+    if not getattr(model, "compiled", False):
+        raise ValueError(
+            f"Invalid `build_fn`: it returned the model {literal(model.name)}, "
+            "which is not compiled; a restored checkpoint is compiled (with "
+            "its optimizer state), so the new model must be too. Call "
+            "model.compile(optimizer=..., loss=...) in build_fn before "
+            "returning the model."
         )
     return model

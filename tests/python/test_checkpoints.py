@@ -159,14 +159,14 @@ def test_max_to_keep_prunes_the_oldest_models(tmp_path, rng):
               callbacks=multigpu.checkpoint_callbacks(tmp_path, save_freq=2,
                                                       max_to_keep=2))
     assert [n for n in _files(tmp_path) if n.endswith(".keras")] == [
-        "ckpt-4-4.keras", "ckpt-4-6.keras"]
+        "ckpt-4-4.keras", "ckpt-4.keras"]
     assert [n for n in _files(tmp_path / "backup") if n.startswith("w")] == [
         "weights-15.weights.h5", "weights-16.weights.h5"]
     model.fit(x, y, batch_size=8, epochs=2, verbose=0,
               callbacks=multigpu.checkpoint_callbacks(tmp_path / "all",
                                                       max_to_keep=None))
-    assert _files(tmp_path / "all") == ["backup", "ckpt-1.keras",
-                                        "ckpt-2.keras"]
+    assert _files(tmp_path / "all") == [".writer.lock", "backup",
+                                        "ckpt-1.keras", "ckpt-2.keras"]
 
 
 @pytest.mark.parametrize("max_to_keep", [0, -1, 1.5, "3", True])
@@ -417,3 +417,99 @@ def test_a_really_full_disk_raises_oserror_not_a_segfault(tmp_path):
             subprocess.run(["rm", "-rf", str(directory)], check=True)
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.mark.parametrize("save_freq, want", [
+    # 6 batches of 8 per epoch.
+    (4, ["ckpt-1-4.keras", "ckpt-1.keras", "ckpt-2-4.keras", "ckpt-2.keras"]),
+    # The epoch's last batch is saved once, under the epoch's name.
+    (3, ["ckpt-1-3.keras", "ckpt-1.keras", "ckpt-2-3.keras", "ckpt-2.keras"]),
+    # More batches than an epoch: the epoch ends still write models.
+    (100, ["ckpt-1.keras", "ckpt-2.keras"]),
+])
+def test_a_batch_frequency_also_writes_a_model_at_every_epoch_end(
+        tmp_path, rng, save_freq, want):
+    model = _compiled()
+    model.fit(*data(rng, 48), batch_size=8, epochs=2, verbose=0,
+              callbacks=multigpu.checkpoint_callbacks(
+                  tmp_path, save_freq=save_freq, max_to_keep=None))
+    assert [n for n in _files(tmp_path) if n.endswith(".keras")] == sorted(want)
+    newest = checkpoints.list_checkpoints(tmp_path)[0]
+    assert os.path.basename(newest) == "ckpt-2.keras"
+    restored = multigpu.make_or_restore_model(tmp_path, _compiled)
+    for got, expected in zip(restored.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(got, expected)
+    assert restored.optimizer.iterations.numpy() == 12
+
+
+def test_a_file_named_backup_is_refused_before_training(tmp_path):
+    (tmp_path / "backup").write_text("not a directory")
+    with pytest.raises(ValueError, match=(
+            r"`checkpoint_dir`.*holds a file named 'backup'.*Move or rename")):
+        multigpu.checkpoint_callbacks(tmp_path)
+
+
+def test_steps_per_execution_above_1_with_a_batch_frequency_warns(
+        tmp_path, rng):
+    model = mlp()
+    model.compile(optimizer="adam", loss="mse", steps_per_execution=2)
+    with pytest.warns(UserWarning, match=(
+            r"steps_per_execution=2.*not continue at the exact batch.*"
+            r"steps_per_execution=1")):
+        model.fit(*data(rng, 32), batch_size=8, epochs=1, verbose=0,
+                  callbacks=multigpu.checkpoint_callbacks(tmp_path, 2))
+
+
+def test_a_builder_returning_an_uncompiled_model_is_named(tmp_path):
+    with pytest.raises(ValueError, match=(
+            r"`build_fn`: it returned the model 'mlp', which is not "
+            r"compiled.*model.compile")):
+        multigpu.make_or_restore_model(tmp_path, mlp)
+
+
+_HOLDER = """
+import sys, time
+import multigpu
+callbacks = multigpu.checkpoint_callbacks(sys.argv[1])
+print("LOCKED", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, rng):
+    directory = tmp_path / "ckpt"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(directory)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        _wait_for(holder, "LOCKED")
+        with pytest.raises(ValueError, match=(
+                rf"`checkpoint_dir`: received .*, which process {holder.pid} "
+                r"on .* is training into\. Two runs writing one checkpoint "
+                r"directory interleave.*released when that process ends")):
+            multigpu.checkpoint_callbacks(directory)
+        # Reading is not writing.
+        multigpu.make_or_restore_model(directory, _compiled)
+        holder.send_signal(signal.SIGKILL)
+        assert holder.wait(timeout=RUN_TIMEOUT) == -signal.SIGKILL
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    # The killed holder's lock went with it.
+    model = _compiled()
+    model.fit(*data(rng, 16), batch_size=8, epochs=1, verbose=0,
+              callbacks=multigpu.checkpoint_callbacks(directory))
+    assert "ckpt-1.keras" in _files(directory)
+
+
+def test_one_process_may_train_a_directory_again(tmp_path, rng):
+    x, y = data(rng, 16)
+    first = multigpu.checkpoint_callbacks(tmp_path)
+    # A second set in the same process (a re-run in one R session) is no
+    # second writer.
+    second = multigpu.checkpoint_callbacks(tmp_path)
+    assert first[0].writer_lock is second[0].writer_lock
+    _compiled().fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=first)
+    assert not first[0].writer_lock.held  # released when training ends
+    _compiled().fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=second)
+    assert "ckpt-2.keras" in _files(tmp_path)
