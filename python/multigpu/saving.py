@@ -171,24 +171,65 @@ def save_model(model, filepath, overwrite=True, **kwargs):
             loadable_training_config(config)).encode("utf-8")
 
 
-def check_model_file(filepath):
-    """Refuses an existing file that is no Keras model file.
+def _model_files(directory):
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [n for n in names if n.endswith(_MODEL_EXTENSIONS)
+            and os.path.isfile(os.path.join(directory, n))]
 
-    Keras reports such a file (truncated, or of another kind) as "File not
-    found"; this names what is wrong instead. A missing path is left to
-    Keras, whose message then is right.
+
+_MODEL_EXTENSIONS = (".keras", ".h5", ".hdf5")
+
+
+def check_model_file(filepath):
+    """Refuses a path that is no Keras model file.
+
+    Keras reports a file of another kind (or a truncated one) as "File not
+    found", a directory as an unsupported format and `None` with a bare
+    `TypeError`; this names what is wrong and the fix instead. A missing
+    path is left to Keras, whose message then is right.
 
     Args:
         filepath: The path given to `load_model`.
 
     Raises:
-        ValueError: if `filepath` is a file that is neither a `.keras` (zip)
-            archive nor an HDF5 file.
+        TypeError: if `filepath` is not a path (`None`, a number).
+        ValueError: if `filepath` is empty, a directory, or a file that is
+            neither a `.keras` (zip) archive nor an HDF5 file.
 
     Example:
     >>> check_model_file("model.keras")   # a file model.save() wrote: passes
     """
-    path = os.fspath(filepath)
+    if not isinstance(filepath, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"Invalid `filepath`: received {literal(filepath)}; expected the "
+            "path of a saved model file (.keras, or .h5/.hdf5)."
+        )
+    path = os.fsdecode(os.fspath(filepath))
+    if not path:
+        raise ValueError(
+            f"Invalid `filepath`: received {literal(path)}; expected the path "
+            "of a saved model file (.keras, or .h5/.hdf5)."
+        )
+    if os.path.isdir(path):
+        inside = _model_files(path)
+        if os.path.exists(os.path.join(path, "saved_model.pb")):
+            fix = ("It holds a TensorFlow SavedModel, which Keras 3 loads "
+                   "for inference only, with keras.layers.TFSMLayer(path, "
+                   "call_endpoint='serving_default').")
+        elif inside:
+            shown = ", ".join(literal(n) for n in inside[:3])
+            more = f" and {len(inside) - 3} more" if len(inside) > 3 else ""
+            fix = f"It holds the model files {shown}{more}: pass one of them."
+        else:
+            fix = "Pass the path of a file written by saving a model."
+        raise ValueError(
+            f"Invalid `filepath`: received {literal(path)}, which is a "
+            f"directory; expected a saved model file (.keras, or .h5/.hdf5). "
+            f"{fix}"
+        )
     if not os.path.isfile(path):
         return
     if zipfile.is_zipfile(path) or h5py.is_hdf5(path):
@@ -216,6 +257,11 @@ def load_model(filepath, custom_objects=None, compile=True, **kwargs):
 
     Returns:
         The loaded `keras.Model`.
+
+    Raises:
+        TypeError: if `filepath` is not a path.
+        ValueError: if `filepath` is empty, a directory, or a file that is
+            no Keras model file (see `check_model_file`).
 
     Example:
     >>> model.compile(optimizer="adam", loss="mse"); model.save("m.h5")

@@ -227,3 +227,39 @@ def test_a_file_that_is_no_model_is_named_not_reported_missing(tmp_path, content
     path.write_bytes(content)
     with pytest.raises(ValueError, match="broken.keras.*is not a Keras model file"):
         multigpu.load_model(path)
+
+
+@pytest.mark.parametrize("filepath, error, message", [
+    (None, TypeError, r"`filepath`: received None; expected the path of a "
+                      r"saved model file"),
+    (3, TypeError, r"`filepath`: received 3; expected the path"),
+    ("", ValueError, r"`filepath`: received ''; expected the path"),
+])
+def test_load_model_of_no_path_is_named(filepath, error, message):
+    with pytest.raises(error, match=message):
+        multigpu.load_model(filepath)
+
+
+def test_load_model_in_r_spells_null():
+    from multigpu.messages import language
+
+    with language("r"), pytest.raises(TypeError, match="received NULL"):
+        multigpu.load_model(None)
+
+
+def test_load_model_of_a_directory_names_the_files_in_it(tmp_path):
+    with pytest.raises(ValueError, match=(
+            r"`filepath`: received '.*', which is a directory; expected a "
+            r"saved model file.*Pass the path of a file written by saving")):
+        multigpu.load_model(tmp_path)
+    (tmp_path / "ckpt-1.keras").write_bytes(b"")
+    (tmp_path / "ckpt-2.keras").write_bytes(b"")
+    with pytest.raises(ValueError, match=(
+            r"is a directory.*It holds the model files 'ckpt-1.keras', "
+            r"'ckpt-2.keras': pass one of them")):
+        multigpu.load_model(str(tmp_path))
+    saved_model = tmp_path / "exported"
+    saved_model.mkdir()
+    (saved_model / "saved_model.pb").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"SavedModel.*keras.layers.TFSMLayer"):
+        multigpu.load_model(saved_model)
