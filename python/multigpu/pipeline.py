@@ -10,7 +10,13 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
-from multigpu.forward import HOST_DEVICE, forward_only_when_empty, on_device, split_bounds
+from multigpu.forward import (
+    HOST_DEVICE,
+    forward_only_when_empty,
+    on_device,
+    split_bounds,
+    with_logits,
+)
 from multigpu.functional import symbolic_graph
 from multigpu.messages import literal, setting
 from multigpu.template import TemplateLayer
@@ -172,9 +178,17 @@ class Stages(TemplateLayer):
         self.microbatches = int(microbatches)
         self._plan = StagePlan(template, self.stages, self.devices)
 
-    def _plain_forward(self, stage, training):
-        """Runs the nodes of one stage: stage inputs -> stage exports."""
+    def _plain_forward(self, stage, training, logits_at):
+        """Runs the nodes of one stage: stage inputs -> stage exports.
+
+        The exports are followed by the logits Keras attached to those that
+        are softmax or sigmoid outputs of the model; `logits_at` receives
+        their indices when the function is traced (see
+        `forward.flat_forward`: the stage's custom gradient, and the
+        concatenation of micro-batches, would lose them).
+        """
         plan = self._plan
+        outputs_of_model = {id(x) for x in plan.graph.outputs}
 
         def forward(*inputs):
             values = dict(zip(plan.needs[stage], inputs))
@@ -184,28 +198,36 @@ class Stages(TemplateLayer):
                 values.update(
                     zip((id(x) for x in node.outputs), keras.tree.flatten(outputs))
                 )
-            return [values[i] for i in plan.exports[stage]]
+            exports = [values[i] for i in plan.exports[stage]]
+            logits = [
+                internals.logits_of(y) if i in outputs_of_model else None
+                for i, y in zip(plan.exports[stage], exports)
+            ]
+            logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
+            return exports + [logits[i] for i in logits_at]
 
         return forward
 
-    def _stage_forward(self, stage, training):
-        forward = self._plain_forward(stage, training)
+    def _stage_forward(self, stage, training, logits_at):
+        forward = self._plain_forward(stage, training, logits_at)
         if self.microbatches == 1:
             return forward
         return forward_only_when_empty(
-            forward, self._plain_forward(stage, False))
+            forward, self._plain_forward(stage, False, logits_at))
 
     def _run(self, flat_inputs, training):
         plan = self._plan
         values = {id(x): v for x, v in zip(plan.graph.inputs, flat_inputs)}
         for stage, device in enumerate(self.devices):
             inputs = [values[i] for i in plan.needs[stage]]
-            forward = self._stage_forward(stage, training)
+            logits_at = []
+            forward = self._stage_forward(stage, training, logits_at)
             # The outer scope also places the IdentityN that wraps the
             # custom gradient, so activations go straight on.
             with tf.name_scope(f"stage{stage}"), tf.device(device):
                 outputs = on_device(device, forward, inputs)
-            values.update(zip(plan.exports[stage], outputs))
+            values.update(zip(plan.exports[stage],
+                              with_logits(outputs, logits_at)))
         return [values[id(x)] for x in plan.graph.outputs]
 
     def call(self, inputs, training=None):
@@ -224,5 +246,14 @@ class Stages(TemplateLayer):
                 with tf.name_scope(f"microbatch{m}"):
                     outputs.append(self._run(part, training))
             with tf.device(self.devices[-1]):
-                merged = [tf.concat(parts, axis=0) for parts in zip(*outputs)]
+                merged = [_concat_with_logits(parts) for parts in zip(*outputs)]
         return keras.tree.pack_sequence_as(self._plan.graph.output, merged)
+
+
+def _concat_with_logits(parts):
+    """The micro-batches' parts of an output, concatenated, logits kept."""
+    merged = tf.concat(parts, axis=0)
+    logits = [internals.logits_of(part) for part in parts]
+    if all(z is not None for z in logits):
+        return with_logits([merged, tf.concat(logits, axis=0)], [0])[0]
+    return merged
