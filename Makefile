@@ -53,7 +53,7 @@ R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 # from elsewhere (NodeSource's nodejs ships its own npm).
 
 .PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
-	setup setup-python setup-test setup-numpy2 setup-r slurm-up lint \
+	setup setup-python setup-test setup-numpy2 setup-r setup-r-current slurm-up lint \
 	docs setup-docs setup-docs-debs
 
 setup: setup-test setup-numpy2
@@ -70,6 +70,36 @@ setup-r:
 	  && command -v pandoc >/dev/null \
 	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	       $(SUDO) apt-get install -y -qq --no-install-recommends $(R_DEBS); }
+
+# The current R stack, as R users install it from CRAN: reticulate >= 1.42,
+# keras3, tensorflow and tfdatasets (NumPy 2 on the Python side). CRAN cannot
+# be reached here, so they come as source tarballs from ../shared/r-vendor
+# (its README), installed into a library of their own, $(R_CURRENT_LIB), so
+# that Debian's reticulate 1.28 stays testable beside them.
+R_VENDOR ?= ../shared/r-vendor
+R_CURRENT_LIB := $(CURDIR)/.r-current
+R_CURRENT_STAMP := $(R_CURRENT_LIB)/.installed
+R_CURRENT_PKGS := reticulate config tfruns tfautograph tensorflow dotty keras3 tfdatasets
+R_CURRENT_DEBS := r-cran-matrix r-cran-rcpp r-cran-rcpptoml r-cran-here \
+	r-cran-jsonlite r-cran-png r-cran-rappdirs r-cran-rlang r-cran-withr \
+	r-cran-processx r-cran-yaml r-cran-rstudioapi r-cran-lifecycle \
+	r-cran-base64enc r-cran-magrittr r-cran-whisker r-cran-tidyselect \
+	r-cran-backports r-cran-generics r-cran-zeallot r-cran-fastmap r-cran-glue \
+	r-cran-cli
+
+setup-r-current: $(R_CURRENT_STAMP)
+
+$(R_CURRENT_STAMP): | setup-r
+	@dpkg -s $(R_CURRENT_DEBS) >/dev/null 2>&1 \
+	  || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	       $(SUDO) apt-get install -y -qq --no-install-recommends $(R_CURRENT_DEBS); }
+	rm -rf $(R_CURRENT_LIB) && mkdir -p $(R_CURRENT_LIB)
+	for p in $(R_CURRENT_PKGS); do \
+	  R CMD INSTALL --no-test-load -l $(R_CURRENT_LIB) $(R_VENDOR)/$${p}_*.tar.gz \
+	    > $(R_CURRENT_LIB)/install-$$p.log 2>&1 \
+	    || { tail -n 30 $(R_CURRENT_LIB)/install-$$p.log; exit 1; }; \
+	done
+	touch $@
 
 # The test extra holds rpy2, which compiles against the installed R.
 setup-test: $(PY_TEST_STAMP)

@@ -3,10 +3,14 @@
 #' Splits the first physical device of a type into `n` logical devices, so
 #' multi-device code ([multi_gpu_model()], [mirrored_strategy()]) runs on a
 #' machine with one CPU and no GPU. TensorFlow fixes its devices when it
-#' starts, so call this first thing, right after `library(multigpu)`, before
-#' building a model or running anything in TensorFlow. Calling it again with
-#' the same `n` is harmless; a different `n` once TensorFlow has started
-#' signals a `multigpu_runtime_error` (restart R to change it).
+#' starts, so call this first thing, right after `library(keras3)` and
+#' `library(multigpu)` (in either order), before building a model or creating
+#' a tensor. keras3 starts TensorFlow when it loads Keras; that is fine: as
+#' long as no tensor, variable or model exists, TensorFlow is restarted with
+#' the new devices. Calling it again with the same `n` is harmless; a
+#' different `n` while a model or tensor exists signals a
+#' `multigpu_runtime_error` naming what exists (remove it with `rm()`, or
+#' restart R).
 #'
 #' @param n Number of logical devices, a whole number >= 1.
 #' @param device_type `"CPU"` (default) or `"GPU"`.
@@ -27,10 +31,23 @@
 #' available_devices()
 virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
                             threads = NULL) {
-  call_core("virtual_devices", as_count(n, null_ok = FALSE),
-            device_type = device_type,
-            memory_limit = as_count(memory_limit),
-            threads = as_count(threads))
+  n <- as_count(n, null_ok = FALSE)
+  threads <- as_count(threads)
+  if (!reticulate::py_available(initialize = FALSE) &&
+      identical(toupper(as.character(device_type)), "CPU") && n > 1L &&
+      !identical(threads, 0L)) {
+    # TensorFlow reads this once per process, when it creates its first
+    # device, which keras3's load hook does when the core imports Keras; the
+    # core sets it too (and clears it for threads = 0).
+    Sys.setenv(TF_OVERRIDE_GLOBAL_THREADPOOL = "1")
+  }
+  core()
+  # The tensor keras3's load hook makes, like any tensor R no longer
+  # references, is freed only when R collects it; the core restarts a
+  # started TensorFlow only when no tensor is left.
+  gc(verbose = FALSE)
+  call_core("virtual_devices", n, device_type = device_type,
+            memory_limit = as_count(memory_limit), threads = threads)
 }
 
 #' Devices TensorFlow can place work on

@@ -39,6 +39,8 @@ generics::compile
 #' @export
 generics::fit
 
+# evaluate() is the generic of the tensorflow package when it is installed
+# (see use_tensorflow_evaluate()), else generics'.
 #' @importFrom generics evaluate
 #' @export
 generics::evaluate
@@ -54,8 +56,29 @@ NULL
   if (is.na(Sys.getenv("TF_CPP_MIN_LOG_LEVEL", unset = NA))) {
     Sys.setenv(TF_CPP_MIN_LOG_LEVEL = "2")
   }
+  use_tensorflow_evaluate()
   select_python()
   # The import does not start Python: virtual_devices() must be able to run
   # before TensorFlow initialises its devices.
   .globals$core <- reticulate::import("multigpu", delay_load = TRUE)
+}
+
+#' Export tensorflow's `evaluate()` generic when tensorflow is installed.
+#'
+#' keras3 re-exports tensorflow's `evaluate()`, this package generics'
+#' (tensorflow is not a dependency): two different functions of one name, so
+#' whichever package is attached last would mask the other's, and methods
+#' registered on one generic are not found through the other. When tensorflow
+#' is installed, the namespace binds `evaluate` to tensorflow's generic
+#' before its exports are fixed (`.onLoad` runs first), so both packages
+#' export the same function, and the methods here are registered on it too.
+#' @noRd
+use_tensorflow_evaluate <- function(ns = topenv(parent.frame())) {
+  if (!requireNamespace("tensorflow", quietly = TRUE)) return(invisible(FALSE))
+  generic <- getExportedValue("tensorflow", "evaluate")
+  assign("evaluate", generic, envir = ns)
+  registerS3method("evaluate", "keras.src.trainers.trainer.Trainer",
+                   evaluate.keras.src.trainers.trainer.Trainer,
+                   envir = asNamespace("tensorflow"))
+  invisible(TRUE)
 }

@@ -5,15 +5,20 @@ Every public function that takes a device argument (`gpus=` of
 value means the same devices everywhere.
 """
 
+import collections
+import gc
 import inspect
 import os
 import re
 import warnings
 
+import keras
+import numpy as np
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu.arguments import check_int, is_int
-from multigpu.messages import api, literal, literals, setting
+from multigpu.messages import api, current_language, literal, literals, setting
 
 # More logical CPU devices than this many per core only slow a simulation.
 OVERSUBSCRIPTION = 8
@@ -192,6 +197,55 @@ def _devices_by_names(names, gpus, machine):
     return canonical
 
 
+def _whole_number_string(value):
+    """The int a string such as `"2"` spells, or None."""
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    return None
+
+
+def _check_not_numbers_in_disguise(gpus, machine):
+    """Refuses numbers passed as strings, floats or bools, saying the fix.
+
+    `"2"` (an R `factor(2)` arrives so too) and `2.0` look like a device
+    count, `["0", "1"]` like GPU ids, `True` like "yes, use GPUs"; none of
+    them is a device name or an int, so each gets its own fix.
+    """
+    if isinstance(gpus, (bool, np.bool_)):
+        raise _invalid(
+            gpus, f"{literal(gpus)} is neither a device count nor a device set.",
+            machine, f"For every device pass {setting('gpus', None)}.",
+        )
+    if isinstance(gpus, (float, np.floating)) and float(gpus).is_integer():
+        raise _invalid(
+            gpus, f"A device count is an int, not the float {literal(gpus)}.",
+            machine, f"Pass {setting('gpus', int(gpus))}.",
+        )
+    entries = [gpus] if isinstance(gpus, str) else gpus
+    if not isinstance(entries, (list, tuple)) or not entries:
+        return
+    numbers = [_whole_number_string(g) for g in entries]
+    if any(n is None for n in numbers):
+        return
+    if len(numbers) == 1:
+        raise _invalid(
+            gpus, f"{literal(entries[0])} is a string, neither a device count "
+            "nor a device name.", machine,
+            f"For {numbers[0]} devices pass the number: "
+            f"{setting('gpus', numbers[0])}.",
+        )
+    raise _invalid(
+        gpus, f"{literal(list(entries))} are strings, not GPU ids.", machine,
+        f"Pass GPU ids as numbers: {setting('gpus', numbers)}.",
+    )
+
+
+def _another_device(name, machine):
+    """A device of the machine other than `name`, for an example."""
+    others = [d for d in machine["GPU"] + machine["CPU"] if d != name]
+    return others[0] if others else "/cpu:1"
+
+
 def resolve_devices(gpus=None):
     """Resolves a `gpus`/`devices` argument to canonical device names.
 
@@ -222,10 +276,15 @@ def resolve_devices(gpus=None):
         return _default_devices(machine)
     if is_int(gpus):
         return _devices_by_count(int(gpus), gpus, machine)
+    if isinstance(gpus, np.ndarray) and gpus.ndim == 1:
+        gpus = gpus.tolist()
+    _check_not_numbers_in_disguise(gpus, machine)
     if isinstance(gpus, str):
+        canonical_or_invalid = _devices_by_names([gpus], gpus, machine)[0]
         raise _invalid(
             gpus, "A single device name is not a device set.", machine,
-            f"Pass a list of at least 2 names including {literal(gpus)}.",
+            f"Pass at least 2 names, e.g. "
+            f"{literal([gpus, _another_device(canonical_or_invalid, machine)])}.",
         )
     if not isinstance(gpus, (list, tuple)):
         raise _invalid(
@@ -345,21 +404,69 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     try:
         tf.config.set_logical_device_configuration(physical[0], configs)
     except RuntimeError:
-        have = len(current) or 1
-        raise RuntimeError(
-            f"{api('virtual_devices', n)} came too late: TensorFlow already "
-            f"initialised its devices, with {have} logical {device_type} "
-            f"device(s) on {physical[0].name}. Logical devices can only be "
-            "configured before TensorFlow starts: call "
-            f"{api('virtual_devices', 'n')} first thing in the program (before "
-            "building a model or running any op); in R, call "
-            "virtual_devices() right after library(multigpu), or restart the "
-            "R session."
-        ) from None
+        _restart_unused_tensorflow(api('virtual_devices', n), len(current) or 1,
+                                   device_type, physical[0].name)
+        tf.config.set_logical_device_configuration(physical[0], configs)
     if device_type == "CPU" and n > 1:
         _own_thread_pools(n, threads)
         _configured_threads[:] = [threads]
     return names
+
+
+def objects_on_devices():
+    """What lives on TensorFlow's devices now: tensors, variables, Keras objects.
+
+    Returns:
+        Counts by kind, most common first, such as `"3 tensors"` or
+        `"1 Keras Sequential"`; empty when nothing of the kind exists.
+
+    Example:
+    >>> objects_on_devices()   # in a fresh process
+    []
+    """
+    gc.collect()
+    counts = collections.Counter()
+    eager_tensor = internals.eager_tensor_type()
+    # By type only: the heap holds lazy modules that load on attribute access.
+    for kind in map(type, gc.get_objects()):
+        if issubclass(kind, (keras.Model, keras.Optimizer)):
+            counts[f"Keras {kind.__name__}"] += 1
+        elif issubclass(kind, tf.Variable):
+            counts["variable"] += 1
+        elif issubclass(kind, eager_tensor):
+            counts["tensor"] += 1
+    return [f"{count} {noun}{'' if count == 1 else 's'}"
+            for noun, count in counts.most_common()]
+
+
+def _restart_unused_tensorflow(call, have, device_type, physical_name):
+    """Restarts TensorFlow when nothing lives on its devices; else explains.
+
+    Something started TensorFlow before the devices were configured: with R's
+    keras3, its load hook on the Python module `keras` converts a value to a
+    tensor, and `import tensorflow` imports keras. When no tensor, variable or
+    Keras model of that start is left, a restart loses nothing.
+    """
+    alive = objects_on_devices()
+    if not alive:
+        internals.restart_tensorflow()
+        return
+    raise RuntimeError(
+        f"{call} came too late: TensorFlow already started, with {have} "
+        f"logical {device_type} device(s) on {physical_name}, and objects "
+        f"created on those devices still exist ({', '.join(alive)}). Logical "
+        "devices can only be configured while no tensor, variable or model "
+        f"exists: call {api('virtual_devices', 'n')} first thing, before "
+        f"building a model or creating a tensor{_first_thing_where()}, or "
+        "restart the session."
+    ) from None
+
+
+def _first_thing_where():
+    if current_language() == "r":
+        return (" (right after library(keras3) and library(multigpu); remove "
+                "what exists with rm() to reconfigure without a restart)")
+    return " (remove what exists with del to reconfigure without a restart)"
 
 
 def _warn_if_threads_ignored(n, threads):

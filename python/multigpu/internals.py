@@ -93,6 +93,20 @@ def tensorflow_started():
     return context.context()._context_handle is not None
 
 
+def eager_tensor_type():
+    """The class of the concrete tensors of TensorFlow's eager context."""
+    return ops_lib.EagerTensor
+
+
+def restart_tensorflow():
+    """Discards TensorFlow's eager context, so its devices can be configured again.
+
+    TensorFlow's own tests do this between cases. Tensors and variables of
+    the old context must no longer exist: the caller checks that none lives.
+    """
+    context._reset_context()
+
+
 def functional_graph_of(model):
     """The functional graph Keras keeps inside a Sequential model, or None."""
     return getattr(model, "_functional", None)

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import warnings
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -71,9 +72,9 @@ def test_device_names_are_canonicalised(names, expected):
         (1, "must be >= 2, not 1"),
         (0, "must be >= 2, not 0"),
         (-2, "must be >= 2, not -2"),
-        (True, "type bool"),
+        (True, "True is neither a device count nor a device set."),
         (2.5, "type float"),
-        (2.0, "type float"),
+        (2.0, "A device count is an int, not the float 2.0."),
         ([], "at least 2 entries, not 0"),
         ([0], "at least 2 entries, not 1"),
         (["/cpu:1"], "at least 2 entries, not 1"),
@@ -165,14 +166,35 @@ def test_virtual_devices_is_idempotent_for_the_same_n():
     assert multigpu.virtual_devices(4) == CPUS
 
 
-def test_virtual_devices_after_start_explains_instead_of_tf_error():
-    tf.config.list_logical_devices()  # TensorFlow has started.
+def test_virtual_devices_while_objects_exist_explains_instead_of_tf_error():
+    kept = [tf.Variable(1.0), tf.constant([1.0, 2.0]),
+            keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])]
     with pytest.raises(RuntimeError) as caught:
         multigpu.virtual_devices(3)
     message = str(caught.value)
-    assert "virtual_devices(3) came too late" in message
+    assert "multigpu.virtual_devices(3) came too late" in message
     assert "with 4 logical CPU device(s)" in message
-    assert "first thing in the program" in message
+    assert "1 Keras Sequential" in message
+    assert "variable" in message and "tensor" in message
+    assert "first thing, before building a model" in message
+    assert multigpu.available_devices()["CPU"] == CPUS
+    del kept
+
+
+def test_virtual_devices_restarts_tensorflow_started_by_a_tensor_now_gone():
+    """keras3's load hook in R starts TensorFlow with a tensor it drops."""
+    stderr = _virtual_devices_in_a_fresh_process(
+        "import keras, tensorflow as tf\n"
+        "keras.ops.convert_to_tensor([1])  # TensorFlow starts, 1 device\n"
+        "assert len(tf.config.list_logical_devices('CPU')) == 1\n"
+        "print(multigpu.virtual_devices(2))\n"
+        "assert len(tf.config.list_logical_devices('CPU')) == 2\n"
+        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
+        "parallel = multigpu.multi_gpu_model(model, gpus=2)\n"
+        "parallel.compile(optimizer='sgd', loss='mse')\n"
+        "parallel.fit(tf.ones((8, 3)), tf.ones((8, 2)), verbose=0)\n"
+        "import sys; print('trained', file=sys.stderr)\n")
+    assert "trained" in stderr
 
 
 @pytest.mark.parametrize("kwargs, problem", [
