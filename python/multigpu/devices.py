@@ -418,7 +418,7 @@ def objects_on_devices():
 
     Returns:
         Counts by kind, most common first, such as `"3 tensors"` or
-        `"1 Keras Sequential"`; empty when nothing of the kind exists.
+        `"1 Keras model"`; empty when nothing of the kind exists.
 
     Example:
     >>> objects_on_devices()   # in a fresh process
@@ -429,8 +429,10 @@ def objects_on_devices():
     eager_tensor = internals.eager_tensor_type()
     # By type only: the heap holds lazy modules that load on attribute access.
     for kind in map(type, gc.get_objects()):
-        if issubclass(kind, (keras.Model, keras.Optimizer)):
-            counts[f"Keras {kind.__name__}"] += 1
+        if issubclass(kind, keras.Model):
+            counts["Keras model"] += 1
+        elif issubclass(kind, keras.Optimizer):
+            counts["Keras optimizer"] += 1
         elif issubclass(kind, tf.Variable):
             counts["variable"] += 1
         elif issubclass(kind, eager_tensor):

@@ -51,13 +51,15 @@ def named_like(graph, outputs):
 
     Outputs that share a layer name (a shared sub-model's output used
     twice) are named apart, since a Keras model's output names are unique
-    keys of its loss and metric dicts.
+    keys of its loss and metric dicts. The renaming layers cast nothing
+    (`autocast=False`): each output keeps its dtype under any global dtype
+    policy.
     """
     input_names = {layer_name(t) for t in keras.tree.flatten(graph.input)}
     original = [layer_name(t) for t in keras.tree.flatten(graph.output)]
     flat = [
         o if name == first and name in input_names
-        else keras.layers.Identity(name=name)(o)
+        else keras.layers.Identity(name=name, autocast=False)(o)
         for o, name, first in zip(keras.tree.flatten(outputs),
                                   unique_names(original), original)
     ]

@@ -28,7 +28,11 @@ from multigpu import strategy as strategy_lib
 from multigpu.forward import flat_forward, with_logits
 from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
-from multigpu.template import TemplateBacked, template_compile_arguments
+from multigpu.template import (
+    TemplateBacked,
+    template_compile_arguments,
+    warn_if_jit_compile,
+)
 
 
 class _Ref:
@@ -142,6 +146,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         return self.distribute_strategy
 
     engine_reason = "built as a MirroredModel"
+    parallelism = "data parallelism"
 
     @property
     def engine(self):
@@ -170,12 +175,15 @@ class MirroredModel(TemplateBacked, keras.Model):
         An optimizer instance made outside the scope is re-created inside it
         from its config (it must not have been used yet). Unlike the other
         engines' models, the template gets an optimizer of its own: this
-        one's variables are mirrored.
+        one's variables are mirrored. `jit_compile=True` is ignored with a
+        warning, as by the other engines: XLA would put the step of every
+        replica on one device.
         """
+        warn_if_jit_compile(jit_compile, self.parallelism)
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             keras.Model.compile(self, optimizer, *args,
-                                jit_compile=jit_compile, **kwargs)
+                                jit_compile=False, **kwargs)
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(

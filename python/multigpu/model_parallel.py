@@ -13,10 +13,10 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
-from multigpu.arguments import check_int
+from multigpu.arguments import check_int, is_int
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import layer_name, named_like, symbolic_graph
-from multigpu.messages import literal
+from multigpu.messages import api, literal, setting
 from multigpu.pipeline import StagePlan, Stages
 from multigpu.stage_split import is_group, resolve_stages, staged_layers
 from multigpu.template import TemplateBacked
@@ -154,11 +154,48 @@ class PartitionedModel(TemplateBacked, keras.Model):
             })
         return rows
 
+    def _check_batch_size(self, batch_size):
+        """Refuses a batch smaller than `microbatches`: every step would run
+        micro-batches of no rows (the results are right, the pipelining
+        asked for is not there)."""
+        if is_int(batch_size) and 0 < int(batch_size) < self.microbatches:
+            batch_size = int(batch_size)
+            rebuilt = api("model_parallel",
+                          f"model, {setting('microbatches', batch_size)}")
+            raise ValueError(
+                f"Invalid `batch_size`: received {batch_size} for a model "
+                f"pipelined with {setting('microbatches', self.microbatches)}: "
+                f"each batch is cut into {self.microbatches} micro-batches, so "
+                f"{self.microbatches - batch_size} of them would have no rows "
+                "in every step. Use a batch_size of at least "
+                f"{self.microbatches}, or build the model with "
+                f"{rebuilt}."
+            )
+
+    def fit(self, *args, **kwargs):
+        self._check_batch_size(_batch_size_argument(args, kwargs, 2))
+        return super().fit(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        self._check_batch_size(_batch_size_argument(args, kwargs, 2))
+        return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        self._check_batch_size(_batch_size_argument(args, kwargs, 1))
+        return super().predict(*args, **kwargs)
+
     @classmethod
     def from_template(cls, template, devices, **config):
         """The model over a deserialized template, its weights placed anew."""
         placed = place_template(template, config["stages"], devices)
         return cls(placed, devices, **config)
+
+
+def _batch_size_argument(args, kwargs, position):
+    """The `batch_size` of a `fit`/`evaluate`/`predict` call, or None."""
+    if "batch_size" in kwargs:
+        return kwargs["batch_size"]
+    return args[position] if len(args) > position else None
 
 
 def _input_like(tensor, microbatches):

@@ -15,7 +15,7 @@ from multigpu import gradients as gradients_lib
 from multigpu.forward import HOST_DEVICE, flat_forward, on_device, split_bounds, with_logits
 from multigpu.functional import callable_graph, layer_name, named_like
 from multigpu.messages import literal
-from multigpu.template import TemplateBacked, TemplateLayer
+from multigpu.template import TemplateBacked, TemplateLayer, built_like
 
 
 class DataParallel(TemplateLayer):
@@ -123,12 +123,14 @@ class ParallelModel(TemplateBacked, keras.Model):
     config_keys = ("devices", "merge_device")
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
-        graph = callable_graph(template)
-        inputs = keras.tree.map_structure(_input_like, graph.input)
-        replicas = DataParallel(template, devices, merge_device, name="replicas")
-        outputs = named_like(graph, replicas(inputs))
-        kwargs.setdefault("name", f"{template.name}_parallel")
-        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        with built_like(template):
+            graph = callable_graph(template)
+            inputs = keras.tree.map_structure(_input_like, graph.input)
+            replicas = DataParallel(template, devices, merge_device,
+                                    name="replicas")
+            outputs = named_like(graph, replicas(inputs))
+            kwargs.setdefault("name", f"{template.name}_parallel")
+            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
     @property
     def replicas_layer(self):

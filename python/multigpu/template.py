@@ -118,6 +118,25 @@ def template_compile_arguments(template, names, optimizer, args, kwargs):
     return arguments
 
 
+def warn_if_jit_compile(jit_compile, parallelism):
+    """Warns that `jit_compile=True` is ignored: the engines run without XLA.
+
+    XLA compiles the whole step into one cluster on one device, which cannot
+    reach variables on the other devices (TensorFlow's "Trying to access
+    resource ... located in device ..." in `fit`).
+
+    Args:
+        jit_compile: The `jit_compile` argument of `compile`.
+        parallelism: What XLA would undo, e.g. `"data parallelism"`.
+    """
+    if jit_compile is True:
+        warnings.warn(
+            f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
+            f"into one cluster on one device, undoing {parallelism}.",
+            UserWarning, stacklevel=3,
+        )
+
+
 class TemplateBacked:
     """Compiling, saving and config for models whose weights are a template's.
 
@@ -162,12 +181,7 @@ class TemplateBacked:
         this model. `jit_compile` is always False: XLA would compile the step
         into one cluster on one device.
         """
-        if jit_compile is True:
-            warnings.warn(
-                f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
-                f"into one cluster on one device, undoing {self.parallelism}.",
-                UserWarning, stacklevel=2,
-            )
+        warn_if_jit_compile(jit_compile, self.parallelism)
         super().compile(*args, jit_compile=False, **kwargs)
         arguments = inspect.signature(keras.Model.compile).bind(
             self.template, *args, **kwargs).arguments

@@ -143,7 +143,7 @@ test_that("argument errors from the core read in R", {
 
 test_that("a late virtual_devices() names the R call", {
   skip_if_no_multigpu()
-  available_devices()  # TensorFlow has started
+  model <- tiny_model()  # exists on the devices TensorFlow started with
   expect_speaks_r(tryCatch(virtual_devices(8), error = identity),
                   "virtual_devices(8) came too late")
 })

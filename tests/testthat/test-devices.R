@@ -12,14 +12,33 @@ test_that("virtual_devices() with the same n again is harmless", {
   expect_identical(virtual_devices(4L, device_type = "cpu"), sprintf("/device:CPU:%d", 0:3))
 })
 
-test_that("virtual_devices() after TensorFlow started says how to fix it", {
+test_that("virtual_devices() while a model exists says what exists and how to fix it", {
   skip_if_no_multigpu()
-  available_devices()  # TensorFlow has started
+  model <- tiny_model()
   error <- tryCatch(virtual_devices(2), error = identity)
   expect_s3_class(error, c("multigpu_runtime_error", "multigpu_python_error", "multigpu_error"))
   expect_match(conditionMessage(error), "virtual_devices(2) came too late", fixed = TRUE)
-  expect_match(conditionMessage(error), "in R, call virtual_devices() right after library(multigpu), or restart the R session", fixed = TRUE)
+  expect_match(conditionMessage(error), "Keras model", fixed = TRUE)
+  expect_match(conditionMessage(error), "right after library(keras3) and library(multigpu); remove what exists with rm()", fixed = TRUE)
   expect_identical(conditionCall(error), quote(virtual_devices(2)))
+  expect_identical(available_devices()$CPU, sprintf("/device:CPU:%d", 0:3))
+})
+
+test_that("virtual_devices() restarts a TensorFlow whose tensors are gone", {
+  skip_if_no_multigpu()
+  output <- run_r(c(
+    "library(multigpu)",
+    "tf <- reticulate::import('tensorflow')",
+    "x <- tf$constant(1)  # TensorFlow starts with one CPU device",
+    "rm(x)",
+    "cat('devices:', virtual_devices(2), '\\n')",
+    "y <- tf$constant(1)",
+    "e <- tryCatch(virtual_devices(3), error = conditionMessage)",
+    "cat('refused:', grepl('1 tensor', e), '\\n')"
+  ))
+  expect_identical(attr(output, "status"), 0L)
+  expect_true("devices: /device:CPU:0 /device:CPU:1 " %in% output)
+  expect_true("refused: TRUE " %in% output)
 })
 
 test_that("virtual_devices() rejects NA, negative and non-whole n in R", {
