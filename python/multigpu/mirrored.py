@@ -30,6 +30,7 @@ from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
 from multigpu.template import (
     TemplateBacked,
+    built_like,
     template_compile_arguments,
     warn_if_jit_compile,
 )
@@ -87,7 +88,7 @@ def _named_like(graph, names):
     flat = keras.tree.flatten(graph.output)
     renamed = [
         t if layer_name(t) == name
-        else keras.layers.Identity(name=name)(t)
+        else keras.layers.Identity(name=name, autocast=False)(t)
         for t, name in zip(flat, names)
     ]
     return keras.tree.pack_sequence_as(graph.output, renamed)
@@ -108,7 +109,9 @@ class MirroredModel(TemplateBacked, keras.Model):
     def __init__(self, template, devices, **kwargs):
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
-        with strategy.scope():
+        # The copy's layers take the template's dtype policy, not a global
+        # policy set since (a subclassed model's layers have no other).
+        with strategy.scope(), built_like(template):
             try:
                 replica = keras.models.clone_model(template)
             except (ValueError, TypeError, NotImplementedError) as error:

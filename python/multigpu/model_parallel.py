@@ -19,7 +19,7 @@ from multigpu.functional import layer_name, named_like, symbolic_graph
 from multigpu.messages import api, literal, setting
 from multigpu.pipeline import StagePlan, Stages
 from multigpu.stage_split import is_group, resolve_stages, staged_layers
-from multigpu.template import TemplateBacked
+from multigpu.template import TemplateBacked, built_like
 from multigpu.variables import variable_bytes, variable_device
 
 
@@ -60,9 +60,10 @@ def place_template(model, stages, devices):
         "call_function": call_layer
     }
     try:
-        placed = keras.models.clone_model(
-            model, clone_function=clone_layer, **extra
-        )
+        with built_like(model):
+            placed = keras.models.clone_model(
+                model, clone_function=clone_layer, **extra
+            )
     except (ValueError, TypeError, NotImplementedError) as error:
         raise ValueError(
             f"Invalid `model`: {literal(model.name)} cannot be rebuilt with its "
@@ -99,13 +100,15 @@ class PartitionedModel(TemplateBacked, keras.Model):
     config_keys = ("devices", "stages", "microbatches")
 
     def __init__(self, template, devices, stages, microbatches=1, **kwargs):
-        inputs = keras.tree.map_structure(
-            lambda x: _input_like(x, microbatches), symbolic_graph(template).input
-        )
-        layer = Stages(template, devices, stages, microbatches, name="stages")
-        outputs = named_like(symbolic_graph(template), layer(inputs))
-        kwargs.setdefault("name", f"{template.name}_partitioned")
-        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        with built_like(template):
+            inputs = keras.tree.map_structure(
+                lambda x: _input_like(x, microbatches),
+                symbolic_graph(template).input)
+            layer = Stages(template, devices, stages, microbatches,
+                           name="stages")
+            outputs = named_like(symbolic_graph(template), layer(inputs))
+            kwargs.setdefault("name", f"{template.name}_partitioned")
+            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
     @property
     def stages_layer(self):

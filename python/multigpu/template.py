@@ -5,6 +5,7 @@ gives a wrapping model the compile and save behaviour of its template, so
 files it writes are plain Keras models. Every engine builds on both.
 """
 
+import contextlib
 import inspect
 import warnings
 
@@ -44,12 +45,38 @@ def split_template_config(config, custom_objects=None):
     return template, config
 
 
+@contextlib.contextmanager
+def built_like(template):
+    """Builds the layers of this block under `template`'s dtype policy.
+
+    Layers take the global dtype policy when they are created, and a policy
+    set after the template was built (`keras.config.set_dtype_policy(
+    "mixed_float16")`) would give an engine's layers, and the copies it
+    makes of the template's, other dtypes than the template's. The global
+    policy (kept per thread by Keras) is the template's in the block and is
+    restored after it.
+
+    Example:
+    >>> with built_like(template):
+    ...     copy = keras.models.clone_model(template)
+    """
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(template.dtype_policy)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 class TemplateLayer(keras.layers.Layer):
     """A layer that runs a (compiled) template model inside another model.
 
     Subclasses name the arguments of their constructor after `template`
     in `config_keys`, each readable as an attribute of the same name: that
     is their whole config.
+
+    The layer casts nothing: its inputs reach the template as they come and
+    its outputs have the template's dtypes (`autocast=False`).
 
     Args:
         template: The model the layer runs; its weights are the layer's.
@@ -58,6 +85,7 @@ class TemplateLayer(keras.layers.Layer):
     config_keys = ()
 
     def __init__(self, template, **kwargs):
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.template = template
 
