@@ -158,8 +158,9 @@ signal_python_warning <- function(warning, call) {
 #' `.optional` are left out so that Python uses its own default.
 #' @noRd
 call_core <- function(fn, ..., .optional = character(), call = caller_call()) {
+  args <- check_no_na(list(...), fn, call = call)
   module <- core(call = call)
-  with_python(do.call(module[[fn]], without_null(list(...), .optional)),
+  with_python(do.call(module[[fn]], without_null(args, .optional)),
               call = call)
 }
 

@@ -21,48 +21,78 @@ describe <- function(x) {
     return(sprintf("an object of class %s", class(x)[[1]]))
   }
   if (is.factor(x)) x <- as.character(x)
-  text <- paste(deparse(x, width.cutoff = 60L, nlines = 2L), collapse = " ")
+  text <- paste(trimws(deparse(x, width.cutoff = 60L, nlines = 2L)),
+                collapse = " ")
   if (nchar(text) > 70L) text <- paste0(substr(text, 1L, 67L), "...")
   text
 }
 
-# Message for a numeric argument that is not a count.
-count_problem <- function(x) {
+# Message for a numeric argument that is not a count (negative numbers
+# are one unless `negative_ok`).
+count_problem <- function(x, negative_ok = FALSE) {
   if (anyNA(x)) return("contains NA or NaN")
   if (any(is.infinite(x))) return("is infinite")
-  if (any(x < 0)) return("is negative")
+  if (!negative_ok && any(x < 0)) return("is negative")
   if (any(x != trunc(x))) return("is not a whole number")
-  if (any(x > .Machine$integer.max)) return("is too large for an integer")
+  if (any(abs(x) > .Machine$integer.max)) return("is too large for an integer")
   NULL
+}
+
+# "a whole number >= 1", or "a whole number" without a lower bound.
+whole_number <- function(minimum) {
+  if (is.finite(minimum)) sprintf("a whole number >= %d", as.integer(minimum))
+  else "a whole number"
+}
+
+# The fix for a number given as a string or factor ("4", factor(4)).
+unquoted_hint <- function(x, arg) {
+  kind <- if (is.factor(x)) "factor" else "string"
+  if (is.factor(x)) x <- as.character(x)
+  number <- if (is.character(x) && length(x) == 1L && !is.na(x)) {
+    suppressWarnings(as.numeric(x))
+  } else {
+    NA_real_
+  }
+  if (is.na(number)) return("")
+  sprintf(" (a %s): write %s = %s, a number", kind, arg, format(number))
 }
 
 #' Coerce a whole number to an R integer (a Python int).
 #'
+#' R rejects what it alone can tell is no count (NA, NaN, Inf, fractions,
+#' non-numbers and, unless `minimum` is `-Inf`, negative numbers); the core
+#' judges the rest (e.g. 0 where it needs at least 1) with its own message.
+#'
 #' @param x A numeric vector.
 #' @param arg The argument name, for messages.
 #' @param null_ok Whether `NULL` is accepted (and returned as is).
+#' @param minimum The smallest value the core accepts, for the advice in
+#'   messages; `-Inf` for any whole number (negative ones too).
 #' @returns An integer vector (a Python int when of length 1).
 #' @noRd
 as_count <- function(x, arg = deparse(substitute(x)), null_ok = TRUE,
-                     call = caller_call()) {
+                     call = caller_call(), minimum = 1) {
   force(arg)
+  expected <- whole_number(minimum)
   if (is.null(x)) {
     if (null_ok) return(NULL)
-    multigpu_abort(sprintf("`%s` must be a whole number >= 0, not NULL.", arg),
+    multigpu_abort(sprintf("`%s` must be %s, not NULL.", arg, expected),
                    call = call)
   }
   given <- x
   if (!is.numeric(x) && identical(length(x), 1L) && is.na(x)) x <- NA_real_
   if (!is.numeric(x) || length(x) != 1L) {
     multigpu_abort(sprintf(
-      "`%s` must be a single whole number >= 0, not %s.", arg, describe(given)
+      "`%s` must be a single %s, not %s%s.", arg,
+      sub("^a ", "", expected), describe(given), unquoted_hint(given, arg)
     ), call = call)
   }
-  problem <- count_problem(x)
+  problem <- count_problem(x, negative_ok = !is.finite(minimum))
   if (!is.null(problem)) {
     multigpu_abort(sprintf(
-      "`%s` %s: received %s. Use a whole number >= 0, such as %s = 2.",
-      arg, problem, describe(given), arg
+      "`%s` %s: received %s. Use %s, such as %s = %d.",
+      arg, problem, describe(given), expected, arg,
+      max(2L, if (is.finite(minimum)) as.integer(minimum) else 2L)
     ), call = call)
   }
   as.integer(x)
@@ -136,11 +166,12 @@ as_flag <- function(x, arg = deparse(substitute(x)), call = caller_call()) {
   x
 }
 
-#' A single string (e.g. a choice), NULL allowed.
+#' A single string (e.g. a choice), NULL allowed; a factor is its label.
 #' @noRd
 as_string <- function(x, arg = deparse(substitute(x)), null_ok = TRUE,
                       call = caller_call()) {
   if (is.null(x) && null_ok) return(NULL)
+  if (is.factor(x)) x <- as.character(x)
   if (!is.character(x) || length(x) != 1L || is.na(x)) {
     multigpu_abort(sprintf("`%s` must be a single string, not %s.", arg,
                            describe(x)), call = call)
@@ -169,7 +200,9 @@ as_verbose <- function(x, arg = deparse(substitute(x)), call = caller_call()) {
     return(if (isTRUE(getOption("knitr.in.progress"))) 2L else "auto")
   }
   if (is.logical(x) && length(x) == 1L && !is.na(x)) return(as.integer(x))
-  if (is.numeric(x)) return(as_count(x, arg, null_ok = FALSE, call = call))
+  if (is.numeric(x)) {
+    return(as_count(x, arg, null_ok = FALSE, call = call, minimum = 0))
+  }
   multigpu_abort(sprintf(
     "`%s` must be \"auto\", 0 (silent), 1 (progress bar) or 2 (one line per epoch), not %s.",
     arg, describe(x)
@@ -185,15 +218,51 @@ as_py_list <- function(x) {
 }
 
 #' R data for Keras: double arrays as the model's float dtype, vectors as
-#' 1-d arrays, factors as 0-based integer codes, lists element-wise; Python
-#' objects unchanged.
+#' 1-d arrays, factors of targets as 0-based integer codes, lists
+#' element-wise; Python objects unchanged.
+#'
+#' Refused with the R fix: data frames whose `as.matrix()` would be strings
+#' Keras cannot train on (factor columns, or character columns beside
+#' numbers), factors as inputs, and strings as targets or weights.
+#'
+#' @param arg The argument's name, for messages (`x`, `y`, `data`, ...).
+#' @param targets Whether `x` holds targets (`y`): factors are class labels.
 #' @noRd
-as_model_data <- function(x, dtype = "float32") {
+as_model_data <- function(x, dtype = "float32", arg = deparse(substitute(x)),
+                          targets = identical(arg, "y"),
+                          call = caller_call()) {
+  force(arg)
+  force(targets)
+  force(call)
   if (is.null(x) || inherits(x, "python.builtin.object")) return(x)
-  if (is.data.frame(x)) x <- as.matrix(x)
-  if (is.list(x)) return(lapply(x, as_model_data, dtype = dtype))
+  if (is.data.frame(x)) x <- data_frame_as_matrix(x, arg, targets, call)
+  if (is.list(x)) {
+    parts <- lapply(seq_along(x), function(i) {
+      as_model_data(x[[i]], dtype, element_name(x, i, arg), targets, call)
+    })
+    names(parts) <- names(x)
+    return(parts)
+  }
   if (is.factor(x)) {
+    if (!targets) {
+      multigpu_abort(sprintf(
+        "`%s` is a factor (%s): factors are class labels, for `y`. As an input, pass its 0-based class codes as a one-column matrix, matrix(as.integer(%s) - 1L), or one-hot columns from model.matrix().",
+        arg, describe(x), arg
+      ), class = "multigpu_type_error", call = call)
+    }
     return(array(as.integer(x) - 1L, dim = dim(x) %||% length(x)))
+  }
+  if (is.character(x) && (targets || arg == "sample_weight")) {
+    fix <- if (targets) {
+      sprintf("For class labels pass a factor, %s = factor(%s), sent as 0-based class codes; for numbers stored as text, as.numeric(%s).",
+              arg, arg, arg)
+    } else {
+      sprintf("Pass numbers, e.g. as.numeric(%s).", arg)
+    }
+    multigpu_abort(sprintf(
+      "`%s` holds strings (%s): Keras trains on numbers. %s",
+      arg, describe(x), fix
+    ), class = "multigpu_type_error", call = call)
   }
   # A plain vector would reach Python as a list; send a 1-d array.
   if ((is.numeric(x) || is.logical(x)) && is.null(dim(x))) {
@@ -203,6 +272,57 @@ as_model_data <- function(x, dtype = "float32") {
     return(reticulate::np_array(x, dtype = dtype))
   }
   x
+}
+
+#' How element `i` of the list `x` given as `arg` is written in R.
+#' @noRd
+element_name <- function(x, i, arg) {
+  name <- names(x)[i]
+  if (is.null(name) || is.na(name) || !nzchar(name)) {
+    return(sprintf("%s[[%d]]", arg, i))
+  }
+  if (make.names(name) == name) sprintf("%s$%s", arg, name)
+  else sprintf("%s[[\"%s\"]]", arg, name)
+}
+
+#' A data frame as the matrix Keras takes; refused when `as.matrix()`
+#' would turn numbers or factor levels into strings. A targets data frame
+#' of one factor column is that factor (class labels).
+#' @noRd
+data_frame_as_matrix <- function(x, arg, targets, call) {
+  kinds <- vapply(x, function(column) {
+    if (is.factor(column)) "factor"
+    else if (is.numeric(column) || is.logical(column)) "number"
+    else if (is.character(column)) "string"
+    else "other"
+  }, character(1))
+  if (targets && identical(unname(kinds), "factor")) return(x[[1L]])
+  columns <- function(kind) {
+    paste(sprintf("\"%s\"", names(x)[kinds == kind]), collapse = ", ")
+  }
+  first <- function(kind) names(x)[kinds == kind][[1L]]
+  if (any(kinds == "factor")) {
+    multigpu_abort(sprintf(
+      "`%s` is a data frame with factor column(s) %s, which as.matrix() turns into strings Keras cannot train on. Use their 0-based class codes, e.g. %s$%s <- as.integer(%s$%s) - 1L, or one-hot columns from model.matrix().",
+      arg, columns("factor"), arg, first("factor"), arg, first("factor")
+    ), class = "multigpu_type_error", call = call)
+  }
+  if (any(kinds == "other")) {
+    multigpu_abort(sprintf(
+      "`%s` is a data frame with column(s) %s that are neither numbers nor strings (%s). Convert them to numbers first.",
+      arg, columns("other"),
+      paste(unique(vapply(x[kinds == "other"], function(column) class(column)[[1L]], "")),
+            collapse = ", ")
+    ), class = "multigpu_type_error", call = call)
+  }
+  if (any(kinds == "string") && (targets || any(kinds == "number"))) {
+    multigpu_abort(sprintf(
+      "`%s` is a data frame with character column(s) %s%s, which as.matrix() turns into strings Keras cannot train on. Convert them to numbers first, e.g. %s$%s <- as.integer(factor(%s$%s)) - 1L (class codes), or drop them.",
+      arg, columns("string"), if (any(kinds == "number")) " beside numbers" else "",
+      arg, first("string"), arg, first("string")
+    ), class = "multigpu_type_error", call = call)
+  }
+  as.matrix(x)
 }
 
 #' `object` must be a Python object (a Keras model) for R to call its methods.
@@ -239,11 +359,19 @@ as_callbacks <- function(callbacks) {
   callbacks
 }
 
-#' `validation_data`: an R list of arrays becomes the tuple Keras expects.
+#' `validation_data`: an R list of arrays, `list(x_val, y_val)` (and
+#' sample weights), becomes the tuple Keras expects.
 #' @noRd
-as_validation_data <- function(data, dtype) {
-  if (is.list(data) && !inherits(data, "python.builtin.object")) {
-    return(do.call(reticulate::tuple, unname(as_model_data(data, dtype))))
+as_validation_data <- function(data, dtype, arg = "validation_data",
+                               call = caller_call()) {
+  force(call)
+  if (is.list(data) && !inherits(data, "python.builtin.object") &&
+      !is.data.frame(data)) {
+    parts <- lapply(seq_along(data), function(i) {
+      as_model_data(data[[i]], dtype, element_name(data, i, arg),
+                    targets = i == 2L, call = call)
+    })
+    return(do.call(reticulate::tuple, parts))
   }
   data
 }
@@ -299,4 +427,26 @@ caller_call <- function() {
   frame <- sys.parent(2L)
   if (frame == 0L) return(NULL)
   sys.call(frame)
+}
+
+#' Refuses an argument that is a single `NA` on its way to Python, where
+#' reticulate would turn it into a value: `TRUE` (a logical NA), the string
+#' `"NA"` or NaN. The wrappers check the arguments they coerce; this catches
+#' the ones passed on as they are (`device_type`, `shard_policy`, ...).
+#' @param args The named arguments of a call to the core's `fn`.
+#' @noRd
+check_no_na <- function(args, fn, call = caller_call()) {
+  for (name in names(args)) {
+    value <- args[[name]]
+    if (nzchar(name) && is.atomic(value) && length(value) == 1L &&
+        !is.null(value) && is.na(value)) {
+      multigpu_abort(sprintf(
+        "`%s` must not be NA: received %s, which Python would read as %s. See ?%s for the values it takes.",
+        name, describe(value),
+        if (is.logical(value)) "TRUE" else if (is.character(value)) "the string \"NA\"" else "NaN",
+        switch(fn, save_model = , load_model = "save_model_hdf5", fn)
+      ), call = call)
+    }
+  }
+  invisible(args)
 }

@@ -26,8 +26,10 @@
 #'   [checkpoint_callbacks()] sees the same batches as an uninterrupted one.
 #' @param cache `NULL` or `FALSE` for no cache; `TRUE` or `"memory"` to keep
 #'   the examples in memory after the first epoch (`dataset_cache()` in the
-#'   guide); or a file path prefix for a cache on disk (`"Memory"` is refused
-#'   as a likely typo; write `"./Memory"` for such files).
+#'   guide); or a file path prefix for a cache on disk, such as
+#'   `"./cache/train"` (a bare name close to `"memory"`, such as `"memroy"`,
+#'   is refused as a likely typo: write `"./memroy"` for such files; a
+#'   directory is refused too).
 #' @param prefetch `TRUE` to prepare the next batches while the current one
 #'   trains (`dataset_prefetch()` in the guide).
 #' @param shard_policy How multi-worker training splits the data between
@@ -62,7 +64,7 @@ distributed_dataset <- function(x, y = NULL, per_replica_batch_size = 64,
             strategy = strategy,
             shuffle = as_flag(shuffle),
             shuffle_buffer = as_count(shuffle_buffer),
-            seed = as_count(seed),
+            seed = as_count(seed, minimum = -Inf),
             cache = as_cache(cache),
             prefetch = as_flag(prefetch),
             shard_policy = shard_policy,
@@ -80,12 +82,21 @@ as_structure <- function(x) {
   x
 }
 
-#' `cache`: NULL/FALSE none, TRUE or "memory" in memory, else a path prefix.
+#' `cache`: NULL/FALSE none, TRUE or "memory" in memory, else a path
+#' prefix (`~` expanded). The core judges the value (typos of "memory",
+#' directories, other types).
 #' @noRd
 as_cache <- function(cache, arg = "cache", call = caller_call()) {
-  if (is.null(cache) || isFALSE(cache)) return(NULL)
-  if (isTRUE(cache)) return("memory")
-  if (is.logical(cache)) as_flag(cache, arg, call = call)
-  if (identical(cache, "memory")) return(cache)
-  as_path(cache, arg, call = call)
+  if (is.logical(cache)) return(as_flag(cache, arg, call = call))
+  if (is.factor(cache)) cache <- as.character(cache)
+  if (is.character(cache) && length(cache) == 1L) {
+    if (is.na(cache)) {
+      multigpu_abort(sprintf(
+        "`%s` must not be NA: use NULL or FALSE (no cache), TRUE or \"memory\" (in memory), or a file path prefix such as \"./cache/train\".",
+        arg
+      ), call = call)
+    }
+    return(path.expand(cache))
+  }
+  cache
 }

@@ -7,6 +7,7 @@ a file), `shuffle`, `prefetch(AUTOTUNE)`, and set the auto-shard policy that
 multi-worker strategies use to split the data between workers.
 """
 
+import difflib
 import itertools
 import os
 import threading
@@ -173,32 +174,70 @@ def _from_arrays(x, y):
     return tf.data.Dataset.from_tensor_slices(arrays), rows
 
 
+def _looks_like_memory(cache):
+    """Whether a bare name (no directory) is "memory" mistyped: `"Memory"`,
+    `"memroy"`, `"memmory"` would otherwise name cache files in the
+    working directory."""
+    if os.path.dirname(cache) or os.path.splitext(cache)[1]:
+        return False
+    name = cache.strip().lower()
+    return name == "memory" or bool(
+        difflib.get_close_matches(name, ["memory"], n=1, cutoff=0.75))
+
+
+def _check_cache(cache):
+    """`cache` as `None`, `"memory"` or a file path prefix (a str).
+
+    `True`/`False` are accepted as `"memory"`/`None` (R's `TRUE`/`FALSE`).
+    """
+    if cache is None or cache is False or (
+            isinstance(cache, np.bool_) and not cache):
+        return None
+    if cache is True or isinstance(cache, np.bool_):
+        return "memory"
+    if isinstance(cache, str) and cache == "memory":
+        return cache
+    expected = (f"expected {literals([None, False])} (no cache), "
+                f"{literals(['memory', True])} (in memory), or a file path "
+                f"prefix for an on-disk cache, e.g. {literal('./cache/train')}")
+    if not isinstance(cache, (str, os.PathLike)):
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}; {expected}.")
+    path = os.fspath(cache)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}; {expected}.")
+    if _looks_like_memory(path):
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}; expected "
+            f"{literal('memory')} or a file path prefix. Did you mean "
+            f"{literal('memory')} (an in-memory cache)? For cache "
+            f"files named {literal(path)}, give a path with a directory, e.g. "
+            f"{literal(os.path.join('.', path))}."
+        )
+    if os.path.isdir(path):
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}, which is a "
+            "directory; the cache is a file path prefix (TensorFlow adds "
+            ".index and .data-* to it), e.g. "
+            f"{literal(os.path.join(path, 'cache'))}."
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"Invalid `cache`: received {literal(cache)}, but its directory "
+            f"{literal(parent)} does not exist. Create it first, or use "
+            f"{setting('cache', 'memory')}."
+        )
+    return path
+
+
 def _cached(dataset, cache):
     if cache is None:
         return dataset
-    if isinstance(cache, str) and cache == "memory":
+    if cache == "memory":
         return dataset.cache()
-    if isinstance(cache, str) and cache.strip().lower() == "memory":
-        raise ValueError(
-            f"Invalid `cache`: received {literal(cache)}; expected "
-            f"{literal('memory')} (lower case) for an in-memory cache, or a "
-            "file path prefix (a path with a directory, e.g. "
-            f"{literal('./Memory')}, for files named like that)."
-        )
-    if isinstance(cache, (str, os.PathLike)):
-        path = os.fspath(cache)
-        parent = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise ValueError(
-                f"Invalid `cache`: received {literal(cache)}, but its directory "
-                f"{literal(parent)} does not exist. Create it first, or use "
-                f"{setting('cache', 'memory')}."
-            )
-        return dataset.cache(path)
-    raise ValueError(
-        f"Invalid `cache`: received {literal(cache)}; expected {literal(None)} (no cache), "
-        f"{literal('memory')}, or a file path prefix for an on-disk cache."
-    )
+    return dataset.cache(cache)
 
 
 def _check_seed(seed):
@@ -372,9 +411,11 @@ def distributed_dataset(
         shuffle_buffer: Shuffle buffer size; None for the whole data (its
             size must then be known).
         seed: Shuffle seed, for reproducible orders.
-        cache: None; `"memory"` to keep the examples in memory after the
-            first epoch; or a file path prefix for an on-disk cache (for data
-            read from slow or remote storage).
+        cache: None (or False); `"memory"` (or True) to keep the examples
+            in memory after the first epoch; or a file path prefix for an
+            on-disk cache (for data read from slow or remote storage), e.g.
+            `"./cache/train"`. A bare name close to `"memory"` (`"memroy"`)
+            is refused as a typo, and so is a directory.
         prefetch: Prepare the next batches while the current one trains
             (`prefetch(tf.data.AUTOTUNE)`).
         shard_policy: How multi-worker training splits the data between
@@ -409,6 +450,9 @@ def distributed_dataset(
         )
     prefetch = check_flag("prefetch", prefetch)
     drop_remainder = check_flag("drop_remainder", drop_remainder)
+    cache = _check_cache(cache)
+    if shuffle_buffer is not None:
+        check_int("shuffle_buffer", shuffle_buffer, 1)
     replicas = num_replicas(strategy)
     shuffle = check_flag("shuffle", shuffle)
     if shuffle and seed is None and isinstance(

@@ -9,7 +9,7 @@ import keras
 
 from multigpu import internals
 from multigpu.arguments import is_int
-from multigpu.messages import literal
+from multigpu.messages import api, literal, setting
 from multigpu.variables import variable_bytes
 
 _MAX_NAMES_SHOWN = 30
@@ -219,11 +219,20 @@ def resolve_stages(model, num_stages, split=None):
         TypeError: for a `split` that is not a list.
     """
     layers = staged_layers(model)
+    if num_stages > len(layers) and len(layers) < 2:
+        raise ValueError(
+            f"Invalid `model`: {literal(model.name)} has {len(layers)} layer(s) "
+            f"{_names_hint(layers)}, and model parallelism cuts a model "
+            "between its layers, one stage per device: it needs at least 2 "
+            "layers. Train this model on one device, or replicate it with "
+            f"{api('multi_gpu_model', 'model')} (data parallelism)."
+        )
     if num_stages > len(layers):
         raise ValueError(
             f"Invalid `devices`: {num_stages} stages (one per device) for "
             f"{literal(model.name)}, which has only {len(layers)} layer(s) "
-            f"{_names_hint(layers)}. Use at most {len(layers)} devices."
+            f"{_names_hint(layers)}. Use at most {len(layers)} devices, e.g. "
+            f"{setting('devices', len(layers))}."
         )
     if split is None:
         starts = [

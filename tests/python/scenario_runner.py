@@ -222,8 +222,9 @@ class PythonRun:
     def _dataset(self, spec):
         args = {"per_replica_batch_size": spec["per_replica_batch_size"],
                 "strategy": self.strategy}
-        if "drop_remainder" in spec:
-            args["drop_remainder"] = spec["drop_remainder"]
+        for key in ("drop_remainder", "cache"):
+            if key in spec:
+                args[key] = spec[key]
         return multigpu.distributed_dataset(self.x, self.y, **args)
 
     def do_distributed_dataset(self, step, expect, entry):

@@ -24,7 +24,8 @@ STEP_KEYS = {
     "save_weights": {"file"},
     "load_weights": {"file", "seed"},
     "make_or_restore_model": {"compile"},
-    "distributed_dataset": {"per_replica_batch_size", "drop_remainder"},
+    "distributed_dataset": {"per_replica_batch_size", "drop_remainder",
+                            "cache"},
     "checkpoint_callbacks": {"save_freq"},
     "virtual_devices": {"n"},
 }

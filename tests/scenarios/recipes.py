@@ -79,6 +79,13 @@ def _fixed_batch():
                        name="fixed_batch")
 
 
+def _one_layer():
+    """One Dense layer: nothing for model parallelism to cut."""
+    inputs = keras.Input((6,), name="features")
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(inputs),
+                       name="one_layer")
+
+
 def _not_a_model():
     layer = keras.layers.Dense(3, name="lonely_dense")
     layer.build((None, 6))
@@ -120,6 +127,7 @@ RECIPES = {
     "branching": _branching,
     "fixed_batch": _fixed_batch,
     "not_a_model": _not_a_model,
+    "one_layer": _one_layer,
 }
 
 
@@ -149,7 +157,7 @@ def make_data(recipe, seed, rows):
     """
     rng = np.random.default_rng(int(seed))
     rows = int(rows)
-    if recipe in ("mlp", "fixed_batch", "not_a_model"):
+    if recipe in ("mlp", "fixed_batch", "not_a_model", "one_layer"):
         x = _features(rng, rows, 6)
         y = (np.tanh(x[:, :3]) + 0.1 * _features(rng, rows, 3)).astype("float32")
     elif recipe == "cnn":

@@ -251,6 +251,7 @@ scenario_dataset <- function(spec, state) {
                per_replica_batch_size = spec$per_replica_batch_size,
                strategy = state$strategy)
   if (!is.null(spec$drop_remainder)) args$drop_remainder <- spec$drop_remainder
+  if (!is.null(spec$cache)) args$cache <- spec$cache
   do.call(distributed_dataset, args)
 }
 

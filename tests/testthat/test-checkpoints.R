@@ -28,7 +28,7 @@ test_that("checkpoint_callbacks() errors: NA and non-whole in R, the rest in Pyt
   expect_error(checkpoint_callbacks(dir, save_freq = NA),
                "`save_freq` contains NA or NaN: received NA\\.", class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(dir, save_freq = TRUE),
-               "`save_freq` must be a single whole number >= 0, not TRUE",
+               "`save_freq` must be a single whole number >= 1, not TRUE",
                class = "multigpu_value_error")
   expect_error(checkpoint_callbacks(NA_character_), "`checkpoint_dir` must be a single non-empty path",
                class = "multigpu_value_error")

@@ -21,10 +21,33 @@ test_that("as_count() rejects NA, NaN, Inf, negative, non-whole and non-numbers,
   expect_value_error(as_count(-1, "batch_size"), "`batch_size` is negative: received -1")
   expect_value_error(as_count(2.5, "batch_size"), "`batch_size` is not a whole number: received 2.5")
   expect_value_error(as_count(1e10, "n"), "`n` is too large for an integer")
-  expect_value_error(as_count("5", "n"), "`n` must be a single whole number >= 0, not \"5\"")
-  expect_value_error(as_count(c(1, 2), "n"), "`n` must be a single whole number >= 0, not c\\(1, 2\\)")
+  expect_value_error(as_count("5", "n"), "`n` must be a single whole number >= 1, not \"5\"")
+  expect_value_error(as_count(c(1, 2), "n"), "`n` must be a single whole number >= 1, not c\\(1, 2\\)")
   expect_value_error(as_count(TRUE, "n"), "`n` must be a single whole number")
-  expect_value_error(as_count(NULL, "n", null_ok = FALSE), "`n` must be a whole number >= 0, not NULL")
+  expect_value_error(as_count(NULL, "n", null_ok = FALSE), "`n` must be a whole number >= 1, not NULL")
+})
+
+test_that("as_count() advises the smallest value the core accepts, not 0 where 0 is refused", {
+  microbatches <- NA
+  expect_value_error(as_count(microbatches),
+                     "^`microbatches` contains NA or NaN: received NA\\. Use a whole number >= 1, such as microbatches = 2\\.$")
+  expect_value_error(as_count(NULL, "per_replica_batch_size", null_ok = FALSE),
+                     "^`per_replica_batch_size` must be a whole number >= 1, not NULL\\.$")
+  expect_value_error(as_count(NA, "threads", minimum = 0), "Use a whole number >= 0, such as threads = 2\\.$")
+  # R leaves 0 to the core, whose message says what the number means.
+  expect_identical(as_count(0, "n"), 0L)
+  # Any whole number, negative ones too (a seed).
+  expect_identical(as_count(-3, "seed", minimum = -Inf), -3L)
+  expect_value_error(as_count(NA, "seed", minimum = -Inf), "Use a whole number, such as seed = 2\\.$")
+  expect_value_error(as_count(-1e10, "seed", minimum = -Inf), "`seed` is too large for an integer")
+})
+
+test_that("as_count() tells a number in quotes or a factor to be a number", {
+  n <- "4"
+  expect_value_error(as_count(n), "^`n` must be a single whole number >= 1, not \"4\" \\(a string\\): write n = 4, a number\\.$")
+  expect_value_error(as_count(factor(2), "microbatches"),
+                     "not \"2\" \\(a factor\\): write microbatches = 2, a number\\.$")
+  expect_value_error(as_count("many", "n"), "^`n` must be a single whole number >= 1, not \"many\"\\.$")
 })
 
 test_that("errors name the exported function's call, not the helper's", {
@@ -49,6 +72,9 @@ test_that("as_device_list() sends names and R lists as Python lists, whatever th
   expect_identical(as_device_list(c("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
   expect_identical(as_device_list("/gpu:0"), list("/gpu:0"))
   expect_identical(as_device_list(factor(c("/cpu:0", "/cpu:1"))), list("/cpu:0", "/cpu:1"))
+  # gpus = "2" and gpus = factor(2) reach the core as list("2"), which says
+  # to write the number (tests/scenarios/invalid_gpus_count_as_string.json).
+  expect_identical(as_device_list(factor(2)), list("2"))
   expect_identical(as_device_list(list(3)), list(3L))
   expect_identical(as_device_list(list(0, 2)), list(0L, 2L))
   expect_identical(as_device_list(list("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
@@ -120,8 +146,8 @@ test_that("as_py_list() makes one metric name a list", {
   expect_null(as_py_list(NULL))
 })
 
-test_that("as_model_data() turns factors into 0-based class codes", {
-  codes <- as_model_data(factor(c("b", "a", "c", "a")))
+test_that("as_model_data() turns factors of targets into 0-based class codes", {
+  codes <- as_model_data(factor(c("b", "a", "c", "a")), arg = "y")
   expect_identical(codes, array(c(1L, 0L, 2L, 0L), dim = 4L))
   expect_identical(as_model_data(1:3), array(1:3, dim = 3L))
   expect_identical(as_model_data(c(TRUE, FALSE)), array(c(TRUE, FALSE), dim = 2L))
@@ -129,6 +155,49 @@ test_that("as_model_data() turns factors into 0-based class codes", {
   expect_identical(as_model_data(c("a", "b")), c("a", "b"))
   expect_null(as_model_data(NULL))
   expect_identical(as_model_data(list(NULL, 1:2)), list(NULL, array(1:2, dim = 2L)))
+})
+
+test_that("as_model_data() refuses what Keras cannot train on, naming the R argument and the fix", {
+  expect_type_error <- function(expr, pattern) {
+    expect_error(expr, pattern, class = "multigpu_type_error")
+  }
+  x <- data.frame(colour = c("red", "blue"), size = 1:2)
+  expect_type_error(as_model_data(x),
+                    "^`x` is a data frame with character column\\(s\\) \"colour\" beside numbers, which as.matrix\\(\\) turns into strings Keras cannot train on\\. Convert them to numbers first, e.g\\. x\\$colour <- as.integer\\(factor\\(x\\$colour\\)\\) - 1L")
+  data <- data.frame(size = 1:2, kind = factor(c("a", "b")))
+  expect_type_error(as_model_data(data), "`data` is a data frame with factor column\\(s\\) \"kind\".*data\\$kind <- as.integer\\(data\\$kind\\) - 1L")
+  x <- factor(c("a", "b"))
+  expect_type_error(as_model_data(x), "^`x` is a factor \\(c\\(\"a\", \"b\"\\)\\): factors are class labels, for `y`")
+  y <- c("cat", "dog")
+  # Not `x`: the argument that holds the strings.
+  expect_type_error(as_model_data(y), "^`y` holds strings \\(c\\(\"cat\", \"dog\"\\)\\): Keras trains on numbers\\. For class labels pass a factor, y = factor\\(y\\)")
+  expect_type_error(as_model_data(list(out = c("a", "b")), arg = "y"), "^`y\\$out` holds strings")
+  sample_weight <- c("1", "2")
+  expect_type_error(as_model_data(sample_weight), "as.numeric\\(sample_weight\\)")
+  expect_type_error(as_validation_data(list(matrix(0, 2, 2), c("a", "b")), "float32"),
+                    "^`validation_data\\[\\[2\\]\\]` holds strings")
+  # What Keras takes: numbers, a targets data frame of one factor column,
+  # strings as inputs (a model with a string input).
+  expect_identical(as_model_data(data.frame(a = 1:2, b = c(TRUE, FALSE))),
+                   matrix(c(1L, 2L, 1L, 0L), 2, dimnames = list(NULL, c("a", "b"))))
+  expect_identical(as_model_data(data.frame(s = factor(c("b", "a"))), arg = "y"),
+                   array(c(1L, 0L), dim = 2L))
+  expect_identical(as_model_data(c("a", "b"), arg = "x"), c("a", "b"))
+})
+
+test_that("check_no_na() refuses an NA that Python would read as a value", {
+  expect_value_error(check_no_na(list(device_type = NA), "virtual_devices"),
+                     "^`device_type` must not be NA: received NA, which Python would read as TRUE\\. See \\?virtual_devices")
+  expect_value_error(check_no_na(list(save_freq = NA_character_), "checkpoint_callbacks"),
+                     "read as the string \"NA\"")
+  expect_value_error(check_no_na(list(overwrite = NA), "save_model"), "See \\?save_model_hdf5")
+  args <- list(1, x = c(1, NA), y = NULL, engine = "auto")
+  expect_identical(check_no_na(args, "f"), args)
+})
+
+test_that("as_string() reads a factor as its label", {
+  engine <- factor("mirrored")
+  expect_identical(as_string(engine), "mirrored")
 })
 
 test_that("check_model() rejects R objects with a type error naming the argument", {
