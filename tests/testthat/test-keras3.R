@@ -1,0 +1,102 @@
+# multigpu as keras3 users meet it: keras3 and tfdatasets attached in either
+# order with multigpu, keras3's objects passed to every function that takes
+# a model, layer, optimizer, loss, metric, callback or dataset, and keras3's
+# own compile()/fit()/evaluate()/predict() methods. Loading keras3 changes
+# S3 dispatch for the whole R process (its methods come first for every
+# Keras model), so each order runs in a fresh R session of its own.
+
+skip_if_no_keras3 <- function() {
+  skip_if_not_installed("keras3")
+  skip_if_not_installed("tfdatasets")
+}
+
+attach_in_order <- function(order) {
+  packages <- switch(order,
+    keras3_first = c("keras3", "tfdatasets", "multigpu"),
+    multigpu_first = c("multigpu", "keras3", "tfdatasets"))
+  c("attach_messages <- character()",
+    "withCallingHandlers({",
+    # As keras3's guides attach it: tfdatasets' shape() would mask keras3's.
+    sprintf("  library(%s)", sub("^tfdatasets$", "tfdatasets, exclude = 'shape'", packages)),
+    "}, packageStartupMessage = function(m) {",
+    "  attach_messages <<- c(attach_messages, conditionMessage(m))",
+    "  invokeRestart('muffleMessage')",
+    "}, message = function(m) {",
+    "  attach_messages <<- c(attach_messages, conditionMessage(m))",
+    "  invokeRestart('muffleMessage')",
+    "})")
+}
+
+# Lines "name: value" of a run_r() output, as a named character vector.
+reported <- function(output) {
+  lines <- grep("^[a-z_0-9]+: ", output, value = TRUE)
+  stats::setNames(sub("^[a-z_0-9]+: ", "", lines), sub(": .*$", "", lines))
+}
+
+for (order in c("keras3_first", "multigpu_first")) local({
+  order <- order
+
+  test_that(sprintf("attaching %s prints no masking message; one evaluate()", order), {
+    skip_if_no_keras3()
+    output <- run_r(c(
+      attach_in_order(order),
+      "cat('messages:', length(attach_messages), '\\n')",
+      "writeLines(paste('message_text:', attach_messages))",
+      "cat('same_evaluate:', identical(multigpu::evaluate, keras3::evaluate), '\\n')",
+      "cat('python_started:', reticulate::py_available(), '\\n')"
+    ))
+    expect_identical(attr(output, "status"), 0L, info = paste(output, collapse = "\n"))
+    values <- reported(output)
+    expect_identical(values[["messages"]], "0 ", info = paste(output, collapse = "\n"))
+    expect_identical(values[["same_evaluate"]], "TRUE ")
+    expect_identical(values[["python_started"]], "FALSE ")
+  })
+
+  test_that(sprintf("%s: a keras3 model through multi_gpu_model() steps as its template", order), {
+    skip_if_no_keras3()
+    skip_if_no_multigpu()
+    output <- run_r(c(
+      attach_in_order(order),
+      "virtual_devices(2)",
+      "set_random_seed(7)",
+      "build <- function() keras_model_sequential(input_shape = 4) |>",
+      "  layer_dense(8, activation = 'relu') |>",
+      "  layer_dense(3, activation = 'softmax')",
+      "template <- build()",
+      "reference <- build()",
+      "reference |> set_weights(get_weights(template))",
+      "before <- get_weights(template)",
+      "parallel <- suppressWarnings(template |> multi_gpu_model(gpus = 2))",
+      "x <- unname(as.matrix(iris[1:32, 1:4])); y <- as.integer(iris$Species[1:32]) - 1L",
+      "for (model in list(parallel, reference)) {",
+      "  model |> compile(optimizer = optimizer_sgd(learning_rate = 0.1),",
+      "                   loss = loss_sparse_categorical_crossentropy(),",
+      "                   metrics = list(metric_sparse_categorical_accuracy()))",
+      "}",
+      "history <- parallel |> fit(x, y, batch_size = 32, epochs = 1, shuffle = FALSE, verbose = 0)",
+      "reference |> fit(x, y, batch_size = 32, epochs = 1, shuffle = FALSE, verbose = 0)",
+      "largest <- function(a, b) max(mapply(function(u, v) max(abs(u - v)), a, b))",
+      "cat('step_size:', largest(get_weights(template), before), '\\n')",
+      "cat('sgd_difference:', largest(get_weights(template), get_weights(reference)), '\\n')",
+      "dataset <- tensor_slices_dataset(list(x, y)) |> dataset_batch(16)",
+      "parallel |> fit(dataset, epochs = 1, verbose = 0)",
+      "reference |> fit(dataset, epochs = 1, verbose = 0)",
+      "cat('dataset_difference:', largest(get_weights(template), get_weights(reference)), '\\n')",
+      "scores <- parallel |> evaluate(x, y, verbose = 0)",
+      "cat('history_class:', class(history)[[1]], '\\n')",
+      "cat('evaluate_names:', paste(names(scores), collapse = ','), '\\n')",
+      "cat('evaluate_numeric:', is.numeric(unlist(scores)), '\\n')",
+      "predictions <- parallel |> predict(x, verbose = 0)",
+      "cat('predict_dim:', paste(dim(predictions), collapse = 'x'), '\\n')"
+    ))
+    expect_identical(attr(output, "status"), 0L, info = paste(output, collapse = "\n"))
+    values <- reported(output)
+    expect_gt(as.numeric(values[["step_size"]]), 1e-4)
+    expect_lt(as.numeric(values[["sgd_difference"]]), 1e-5)
+    expect_lt(as.numeric(values[["dataset_difference"]]), 1e-5)
+    expect_identical(values[["history_class"]], "keras_training_history ")
+    expect_identical(values[["evaluate_names"]], "loss,sparse_categorical_accuracy ")
+    expect_identical(values[["evaluate_numeric"]], "TRUE ")
+    expect_identical(values[["predict_dim"]], "32x3 ")
+  })
+})
