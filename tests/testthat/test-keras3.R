@@ -100,3 +100,66 @@ for (order in c("keras3_first", "multigpu_first")) local({
     expect_identical(values[["predict_dim"]], "32x3 ")
   })
 })
+
+test_that("keras3 objects go into every function that takes a model, layer, optimizer, loss, metric, callback or dataset", {
+  skip_if_no_keras3()
+  skip_if_no_multigpu()
+  output <- run_r(c(
+    attach_in_order("keras3_first"),
+    "virtual_devices(2)",
+    "set_random_seed(3)",
+    "x <- matrix(runif(64 * 4), ncol = 4); y <- as.integer(x[, 1] > 0.5)",
+    "build_model <- function() {",
+    "  inputs <- keras_input(shape = 4, name = 'features')",
+    "  outputs <- inputs |> layer_dense(8, activation = 'relu') |>",
+    "    layer_dense(2, activation = 'softmax')",
+    "  model <- keras_model(inputs, outputs)",
+    "  model |> compile(optimizer = optimizer_adam(learning_rate = 0.01),",
+    "                   loss = loss_sparse_categorical_crossentropy(),",
+    "                   metrics = list(metric_sparse_categorical_accuracy()))",
+    "  model",
+    "}",
+    "# A mirrored strategy's scope, with keras3 objects made inside it.",
+    "strategy <- mirrored_strategy(2)",
+    "with(strategy$scope(), model <- build_model())",
+    "data <- distributed_dataset(tensor_slices_dataset(list(x, y)),",
+    "                            per_replica_batch_size = 8, strategy = strategy)",
+    "stopper <- callback_early_stopping(monitor = 'loss', patience = 5)",
+    "history <- model |> fit_distributed(data, epochs = 2, strategy = strategy,",
+    "                                    callbacks = list(stopper), verbose = 0)",
+    "cat('fit_distributed_epochs:', length(history$metrics$loss), '\\n')",
+    "# keras3's fit() with multigpu's checkpoints next to a keras3 callback.",
+    "dir <- file.path(tempdir(), 'ckpt')",
+    "with(strategy$scope(), restored <- make_or_restore_model(dir, build_model))",
+    "restored |> fit(tensor_slices_dataset(list(x, y)) |> dataset_batch(16), epochs = 2, verbose = 0,",
+    "                callbacks = c(checkpoint_callbacks(dir), list(callback_terminate_on_nan())))",
+    "with(strategy$scope(), again <- make_or_restore_model(dir, build_model))",
+    "cat('checkpoints:', length(list.files(dir, 'ckpt-.*[.]keras')), '\\n')",
+    "cat('restored_same:', isTRUE(all.equal(get_weights(again), get_weights(restored))), '\\n')",
+    "# Model parallelism and the placement report of keras3 models.",
+    "sequential <- keras_model_sequential(input_shape = 4) |> layer_dense(8) |>",
+    "  layer_dense(8) |> layer_dense(2)",
+    "staged <- model_parallel(sequential, devices = 2)",
+    "staged |> compile(optimizer = optimizer_sgd(), loss = loss_mean_squared_error())",
+    "staged |> fit(x, matrix(0, 64, 2), epochs = 1, verbose = 0)",
+    "cat('model_parallel_predict:', paste(dim(predict(staged, x, verbose = 0)), collapse = 'x'), '\\n')",
+    "parallel <- suppressWarnings(multi_gpu_model(build_model(), gpus = 2))",
+    "parallel |> compile(optimizer = optimizer_adam(), loss = loss_sparse_categorical_crossentropy())",
+    "report <- placement_report(parallel, x[1:8, ], y[1:8], print_table = FALSE)",
+    "cat('placement_class:', class(report)[[1]], '\\n')",
+    "# Saving keras3 models, read back by keras3.",
+    "file <- file.path(tempdir(), 'model.h5')",
+    "template <- build_model()",
+    "save_model_hdf5(template, file)",
+    "loaded <- load_model(file)",
+    "cat('hdf5_same:', isTRUE(all.equal(get_weights(loaded), get_weights(template))), '\\n')"
+  ))
+  expect_identical(attr(output, "status"), 0L, info = paste(output, collapse = "\n"))
+  values <- reported(output)
+  expect_identical(values[["fit_distributed_epochs"]], "2 ")
+  expect_identical(values[["checkpoints"]], "2 ")
+  expect_identical(values[["restored_same"]], "TRUE ")
+  expect_identical(values[["model_parallel_predict"]], "64x2 ")
+  expect_identical(values[["placement_class"]], "multigpu_placement_report ")
+  expect_identical(values[["hdf5_same"]], "TRUE ")
+})
