@@ -232,11 +232,14 @@ def _cross_device_ops(cross_device_ops):
         return cross_device_ops, make()
     if isinstance(cross_device_ops, tf.distribute.CrossDeviceOps):
         return id(cross_device_ops), cross_device_ops
+    received = (literal(cross_device_ops)
+                if isinstance(cross_device_ops, (bool, int, float, list, tuple))
+                else f"an object of type {type(cross_device_ops).__name__}")
     raise TypeError(
-        f"Invalid `cross_device_ops`: received an object of type "
-        f"{type(cross_device_ops).__name__}; expected None, one of "
-        f"{sorted(_CROSS_DEVICE_OPS)}, or a tf.distribute.CrossDeviceOps "
-        "instance such as tf.distribute.HierarchicalCopyAllReduce()."
+        f"Invalid `cross_device_ops`: received {received}; expected "
+        f"{literal(None)} (collective all-reduce), one of "
+        f"{literals(sorted(_CROSS_DEVICE_OPS))}, or a "
+        "tf.distribute.CrossDeviceOps instance."
     )
 
 

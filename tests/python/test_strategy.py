@@ -41,8 +41,12 @@ def test_invalid_devices_get_the_resolvers_message():
 def test_invalid_cross_device_ops_are_named():
     with pytest.raises(ValueError, match=r"`cross_device_ops`: received 'x'"):
         multigpu.mirrored_strategy(2, cross_device_ops="x")
-    with pytest.raises(TypeError, match=r"`cross_device_ops`.*int"):
+    with pytest.raises(TypeError, match=r"`cross_device_ops`: received 3; "
+                       r"expected None \(collective all-reduce\), one of "
+                       r"'hierarchical_copy', 'nccl', or 'reduce_to_one'"):
         multigpu.mirrored_strategy(2, cross_device_ops=3)
+    with pytest.raises(TypeError, match=r"received an object of type dict"):
+        multigpu.mirrored_strategy(2, cross_device_ops={})
 
 
 def test_same_devices_give_the_same_strategy_and_others_a_new_key_range():

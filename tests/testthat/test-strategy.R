@@ -35,7 +35,9 @@ test_that("mirrored_strategy() errors: NA in R, the rest from Python", {
                class = "multigpu_value_error")
   expect_error(mirrored_strategy(cross_device_ops = "bogus"), 'Invalid `cross_device_ops`: received "bogus"',
                fixed = TRUE, class = "multigpu_value_error")
-  expect_error(mirrored_strategy(cross_device_ops = 5), "Invalid `cross_device_ops`: received an object of type float",
+  # In R spelling (it read "expected None, one of ['hierarchical_copy', ...]").
+  expect_error(mirrored_strategy(cross_device_ops = 5),
+               'Invalid `cross_device_ops`: received 5; expected NULL (collective all-reduce), one of "hierarchical_copy", "nccl", or "reduce_to_one"',
                fixed = TRUE, class = "multigpu_type_error")
 })
 
@@ -173,6 +175,17 @@ skip_if_no_slurm <- function() {
 test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fit_distributed() trains like one process", {
   skip_if_no_multigpu()
   skip_if_no_slurm()
+  expect_two_workers_train_like_one_process(function(rscript) {
+    run_command("srun", c("-n2", "--kill-on-bad-exit=1", "--time=5",
+                          shQuote(rscript)))
+  })
+})
+
+test_that("srun -n2 Rscript, written with keras3 attached first, trains like one process", {
+  skip_if_not_installed("keras3")
+  skip_if_no_multigpu()
+  skip_if_no_slurm()
+  withr::local_envvar(MULTIGPU_WORKER_KERAS3 = "true")
   expect_two_workers_train_like_one_process(function(rscript) {
     run_command("srun", c("-n2", "--kill-on-bad-exit=1", "--time=5",
                           shQuote(rscript)))
