@@ -4,7 +4,8 @@
 
 Serves the site folder over a local HTTP server and opens, in Debian's
 Chromium driven by selenium through Debian's chromedriver, the home page,
-one Python reference page, one R reference page and one R article. A page
+one Python reference page, one R reference page and two R articles (the
+placement article and the keras3 multi-device guide). A page
 fails when the browser's console has an error (a JavaScript error, a
 resource that failed to load) or when the page has no title or no heading.
 With SCREENSHOT_DIR, a screenshot of each page is written there.
@@ -28,6 +29,7 @@ PAGES = (
     "reference/python.html",
     "r/reference/placement_report.html",
     "r/articles/placement.html",
+    "r/articles/multi-device-guide.html",
 )
 
 
