@@ -353,8 +353,8 @@ def _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
     Under a `tf.distribute` strategy every replica averages the loss over
     its own rows and the replicas' averages are averaged, so a final batch
     that does not split evenly gives some rows more weight than others:
-    training differs from one device on the same batches. (`multi_gpu_model`
-    computes the loss on the whole batch and is exact.)
+    Keras's `fit` differs from one device on the same batches.
+    (`multi_gpu_model` and `fit_distributed` weigh every row alike.)
     """
     if rows is None or drop_remainder or replicas < 2 or not isinstance(
             strategy, tf.distribute.Strategy):
@@ -365,11 +365,12 @@ def _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
     warnings.warn(
         f"The final batch has {remainder} rows, which do not split evenly "
         f"between the {replicas} replicas: each replica averages the loss of "
-        "its own rows, so in that step some rows weigh more than others and "
-        "the weights differ from single-device training on the same batches. "
-        "Pass drop_remainder=True, or a number of rows that splits evenly, "
-        f"or train with {api('multi_gpu_model', 'model')}, which is exact "
-        "on any batch.",
+        "its own rows, so under Keras's model.fit some rows weigh more than "
+        "others in that step and the weights differ from single-device "
+        "training on the same batches. Pass drop_remainder=True, or a number "
+        "of rows that splits evenly, or train with "
+        f"{api('fit_distributed', 'model, data')} or "
+        f"{api('multi_gpu_model', 'model')}, which are exact on any batch.",
         UserWarning, stacklevel=3,
     )
 

@@ -25,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import strategy as strategy_lib
+from multigpu.distributed import weighted_by_rows
 from multigpu.forward import flat_forward, with_logits
 from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
@@ -319,29 +320,26 @@ class MirroredModel(TemplateBacked, keras.Model):
                                     logits_at)
         return keras.tree.pack_sequence_as(self._outputs_struct, flat)
 
+    # `compute_loss` weighs each replica's rows as one device does
+    # (`fit_distributed` leaves it alone).
+    weighs_rows_exactly = True
+
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
         """Keras's loss, with exact gradients for batches split unevenly.
 
         Under a strategy Keras averages each replica's mean loss, which
         weights the rows of a smaller sub-batch more (a batch of 10 on 4
-        replicas splits 3/3/2/2). The gradient of replica r is rescaled by
-        `rows_r * replicas / rows_total`, making the summed gradient that of
-        the mean over all rows, as on one device; the loss value (and so the
-        reported loss) is unchanged.
+        replicas splits 3/3/2/2). Each replica's gradient is rescaled by its
+        share of the rows (`distributed.weighted_by_rows`), making the
+        summed gradient that of the mean over all rows, as on one device;
+        the loss value (and so the reported loss) is unchanged.
         """
         loss = super().compute_loss(x, y, y_pred, sample_weight,
                                     training=training)
-        context = tf.distribute.get_replica_context()
-        if not training or context is None or (
-            context.num_replicas_in_sync == 1
-        ):
+        if not training:
             return loss
-        rows = tf.shape(keras.tree.flatten(y_pred)[0])[0]
-        local = tf.cast(rows, loss.dtype)
-        total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-        factor = local * context.num_replicas_in_sync / tf.maximum(total, 1.0)
-        return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
+        return weighted_by_rows(loss, tf.shape(keras.tree.flatten(y_pred)[0])[0])
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras builds from the first batch averaged over replicas, which

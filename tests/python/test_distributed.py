@@ -168,3 +168,29 @@ def test_multi_worker_resume_ends_like_an_uninterrupted_run(tmp_path,
     for key in runs["unbroken"]:
         np.testing.assert_allclose(runs["killed"][key], runs["unbroken"][key],
                                    atol=1e-6, rtol=0)
+
+
+def test_fit_distributed_trains_an_uneven_final_batch_as_one_device(rng):
+    """21 rows in batches of 8 on 2 replicas: the last 5 split 3/2.
+
+    Each replica averages its own rows; unweighted, the rows of the smaller
+    share count more and the weights differed from one device.
+    """
+    strategy = multigpu.mirrored_strategy(2)
+    with strategy.scope():
+        model = mlp()
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference = mlp()
+    reference.set_weights(model.get_weights())
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.asarray(rng.standard_normal((21, 8)), "float32")
+    y = np.asarray(rng.standard_normal((21, 3)), "float32")
+    weights = np.asarray(rng.uniform(0.5, 2.0, 21), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8)
+    history = multigpu.fit_distributed(model, data, epochs=1, verbose=0)
+    want = reference.fit(data, epochs=1, shuffle=False, verbose=0)
+    np.testing.assert_allclose(history.history["loss"],
+                               want.history["loss"], rtol=1e-5)
+    for got, expected in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert "compute_loss" not in vars(model)
