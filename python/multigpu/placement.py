@@ -127,8 +127,21 @@ def executed_ops(fn, *args, **kwargs):
     >>> ops[("/device:CPU:1", "_MklNativeFusedMatMul")]
     2
     """
+    if not callable(fn):
+        raise TypeError(
+            f"Invalid `fn`: received {_value_or_type(fn)}; expected a "
+            "function that runs TensorFlow, such as model.predict, followed "
+            "by its arguments."
+        )
     result, nodes = executed_nodes(fn, *args, **kwargs)
     return result, collections.Counter((n.device, n.op) for n in nodes)
+
+
+def _value_or_type(value):
+    """A plain value as a literal, anything else by its type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return literal(value)
+    return f"an object of type {type(value).__name__}"
 
 
 def ops_by_device(counts, op_filter=None):

@@ -12,6 +12,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import gradients as gradients_lib
+from multigpu.arguments import check_int
 from multigpu.forward import HOST_DEVICE, flat_forward, on_device, split_bounds, with_logits
 from multigpu.functional import callable_graph, layer_name, named_like
 from multigpu.messages import literal
@@ -188,6 +189,13 @@ class ParallelModel(TemplateBacked, keras.Model):
         )
 
     def batch_split(self, batch_size):
-        """How a batch of `batch_size` rows is split: `[(device, rows)]`."""
-        bounds = split_bounds(int(batch_size), len(self.devices))
+        """How a batch of `batch_size` rows is split: `[(device, rows)]`.
+
+        Raises:
+            ValueError: if `batch_size` is not a whole number >= 0.
+        """
+        if isinstance(batch_size, float) and batch_size.is_integer():
+            batch_size = int(batch_size)  # R's numbers arrive as floats
+        batch_size = check_int("batch_size", batch_size, 0)
+        bounds = split_bounds(batch_size, len(self.devices))
         return [(d, bounds[i + 1] - bounds[i]) for i, d in enumerate(self.devices)]

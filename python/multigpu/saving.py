@@ -160,6 +160,11 @@ def save_model(model, filepath, overwrite=True, **kwargs):
     >>> multigpu.save_model(model, "m.h5")
     >>> keras.models.load_model("m.h5").optimizer.iterations
     """
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"Invalid `model`: received an object of type "
+            f"{type(model).__name__}; expected a keras.Model to save."
+        )
     model.save(filepath, overwrite=overwrite, **kwargs)
     if not _is_hdf5(filepath):
         return

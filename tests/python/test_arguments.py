@@ -196,3 +196,26 @@ def test_jit_compile_on_the_mirrored_engine_warns_and_trains_without_xla():
         # Before: InvalidArgumentError "Trying to access resource ...".
         history = parallel.fit(x, x[:, :2], batch_size=4, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.parametrize("batch_size", [-1, 2.5, True, "a", None])
+def test_batch_split_names_a_bad_batch_size(batch_size):
+    parallel = multigpu.multi_gpu_model(_small_model(2), gpus=2)
+    assert parallel.batch_split(np.int64(3)) == [("/device:CPU:0", 1),
+                                                 ("/device:CPU:1", 2)]
+    assert parallel.batch_split(0) == [("/device:CPU:0", 0), ("/device:CPU:1", 0)]
+    assert parallel.batch_split(4.0) == [("/device:CPU:0", 2), ("/device:CPU:1", 2)]
+    # Before: -1 gave [('/device:CPU:0', -1), ...], None a bare int() error.
+    with pytest.raises(ValueError, match=r"^Invalid `batch_size`: received "
+                       r".*; expected an int >= 0\.$"):
+        parallel.batch_split(batch_size)
+
+
+def test_executed_ops_and_save_model_name_a_wrong_first_argument(tmp_path):
+    for fn in (None, 3):
+        with pytest.raises(TypeError, match=r"^Invalid `fn`: received "
+                           r"(None|3); expected a function"):
+            multigpu.executed_ops(fn)
+    with pytest.raises(TypeError, match=r"^Invalid `model`: received an object "
+                       r"of type NoneType; expected a keras.Model"):
+        multigpu.save_model(None, tmp_path / "m.keras")
