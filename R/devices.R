@@ -25,10 +25,14 @@
 #'   `c("/device:CPU:0", "/device:CPU:1")`.
 #' @family devices
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' library(multigpu)
-#' virtual_devices(2)
+#' virtual_devices(2)   # before any model or tensor exists
 #' available_devices()
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(1)
+#' model$weights[[1]]$device   # variables go to the first device
 virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
                             threads = NULL) {
   n <- as_count(n, null_ok = FALSE)
@@ -41,11 +45,7 @@ virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
     # core sets it too (and clears it for threads = 0).
     Sys.setenv(TF_OVERRIDE_GLOBAL_THREADPOOL = "1")
   }
-  core()
-  # The tensor keras3's load hook makes, like any tensor R no longer
-  # references, is freed only when R collects it; the core restarts a
-  # started TensorFlow only when no tensor is left.
-  gc(verbose = FALSE)
+  start_core_for_configuration()
   call_core("virtual_devices", n, device_type = device_type,
             memory_limit = as_count(memory_limit), threads = threads)
 }
@@ -65,4 +65,18 @@ virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
 #' available_devices()
 available_devices <- function() {
   lapply(call_core("available_devices"), as.character)
+}
+
+#' Import the core, then free what R no longer references.
+#'
+#' Before a call that configures TensorFlow ([virtual_devices()],
+#' [multi_worker_strategy()]). The tensor keras3's load hook makes when the
+#' core imports Keras, like any tensor R no longer references, is freed only
+#' when R collects it; the core restarts a started TensorFlow only when no
+#' tensor is left.
+#' @noRd
+start_core_for_configuration <- function(call = caller_call()) {
+  core(call = call)
+  gc(verbose = FALSE)
+  invisible()
 }

@@ -28,16 +28,21 @@
 #'   `strategy$scope()` with [with()], and `strategy$num_replicas_in_sync`.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
 #' strategy <- mirrored_strategy()
 #' strategy$num_replicas_in_sync
-#' keras <- reticulate::import("keras")
 #' with(strategy$scope(), {
-#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                  keras$layers$Dense(1L)))
-#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#'   model <- keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1)
+#'   model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
 #' })
+#' x <- matrix(runif(400), ncol = 4)
+#' dataset <- list(x, rowSums(x)) |>
+#'   tfdatasets::tensor_slices_dataset() |>
+#'   tfdatasets::dataset_batch(32)
+#' model |> fit(dataset, epochs = 2, verbose = 0)
 mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
   call_core("mirrored_strategy",
             devices = as_device_list(devices),
@@ -97,7 +102,7 @@ mirrored_strategy <- function(devices = NULL, cross_device_ops = NULL) {
 #' strategy$num_replicas_in_sync
 #' }
 multi_worker_strategy <- function() {
-  core()
+  start_core_for_configuration()
   # Python copied the environment when it started; pass on what R sees now
   # (Sys.setenv(TF_CONFIG = ...) after Python started, say).
   cluster <- reticulate::import("multigpu.cluster", convert = FALSE)
@@ -129,19 +134,19 @@ multi_worker_strategy <- function() {
 #'   [fit()][fit.keras.src.trainers.trainer.Trainer], invisibly.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
 #' strategy <- mirrored_strategy()
 #' with(strategy$scope(), {
-#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                  keras$layers$Dense(1L)))
-#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#'   model <- keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1)
+#'   model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
 #' })
 #' x <- matrix(runif(400), ncol = 4)
 #' data <- distributed_dataset(x, rowSums(x), per_replica_batch_size = 25,
 #'                             strategy = strategy)
-#' model %>% fit_distributed(data, epochs = 2, verbose = 0)
+#' model |> fit_distributed(data, epochs = 2, verbose = 0)
 fit_distributed <- function(object, dataset, epochs = 1L, strategy = NULL,
                             verbose = "auto", callbacks = NULL,
                             initial_epoch = 1L) {

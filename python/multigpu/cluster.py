@@ -384,7 +384,7 @@ def _keep_physical_ids(before):
 def _check_gpus_not_started(before):
     """Raises, restoring `CUDA_VISIBLE_DEVICES`, if TensorFlow has started."""
     # CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first starts it.
-    if internals.tensorflow_started():
+    if internals.cuda_may_have_started():
         assigned = os.environ.get("CUDA_VISIBLE_DEVICES")
         if before is None:
             del os.environ["CUDA_VISIBLE_DEVICES"]
@@ -394,7 +394,8 @@ def _check_gpus_not_started(before):
             "TensorFlow started before this Slurm task could be given its "
             f"GPUs (CUDA_VISIBLE_DEVICES={assigned}), so every task would "
             f"use the same GPUs. Call {api('multi_worker_strategy')} first in "
-            "the script, before anything else runs TensorFlow."
+            "the script, before anything else runs TensorFlow (in R, before "
+            "library(keras3): keras3 starts TensorFlow when Keras loads)."
         )
 
 

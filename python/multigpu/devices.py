@@ -404,8 +404,8 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     try:
         tf.config.set_logical_device_configuration(physical[0], configs)
     except RuntimeError:
-        _restart_unused_tensorflow(api('virtual_devices', n), len(current) or 1,
-                                   device_type, physical[0].name)
+        _too_late(api('virtual_devices', n), len(current) or 1, device_type,
+                  physical[0].name)
         tf.config.set_logical_device_configuration(physical[0], configs)
     if device_type == "CPU" and n > 1:
         _own_thread_pools(n, threads)
@@ -441,17 +441,36 @@ def objects_on_devices():
             for noun, count in counts.most_common()]
 
 
-def _restart_unused_tensorflow(call, have, device_type, physical_name):
-    """Restarts TensorFlow when nothing lives on its devices; else explains.
+def restart_unused_tensorflow():
+    """Restarts a started TensorFlow when nothing lives on its devices.
 
-    Something started TensorFlow before the devices were configured: with R's
-    keras3, its load hook on the Python module `keras` converts a value to a
-    tensor, and `import tensorflow` imports keras. When no tensor, variable or
-    Keras model of that start is left, a restart loses nothing.
+    Something may start TensorFlow before the program configures it: R's
+    keras3, for one, converts a value to a tensor in its load hook on the
+    Python module `keras`, and `import tensorflow` imports keras. When no
+    tensor, variable or Keras model of that start is left, a restart loses
+    nothing, and devices and collective ops can be configured again.
+
+    Returns:
+        What still lives on the devices (see `objects_on_devices`): empty
+        when TensorFlow had not started or was restarted; otherwise the
+        caller explains that it came too late.
+
+    Example:
+    >>> restart_unused_tensorflow()
+    []
     """
+    if not internals.tensorflow_started():
+        return []
     alive = objects_on_devices()
     if not alive:
         internals.restart_tensorflow()
+    return alive
+
+
+def _too_late(call, have, device_type, physical_name):
+    """Restarts an unused TensorFlow, or raises saying what is in the way."""
+    alive = restart_unused_tensorflow()
+    if not alive:
         return
     raise RuntimeError(
         f"{call} came too late: TensorFlow already started, with {have} "
@@ -459,12 +478,13 @@ def _restart_unused_tensorflow(call, have, device_type, physical_name):
         f"created on those devices still exist ({', '.join(alive)}). Logical "
         "devices can only be configured while no tensor, variable or model "
         f"exists: call {api('virtual_devices', 'n')} first thing, before "
-        f"building a model or creating a tensor{_first_thing_where()}, or "
+        f"building a model or creating a tensor{first_thing_where()}, or "
         "restart the session."
     ) from None
 
 
-def _first_thing_where():
+def first_thing_where():
+    """Where a call that configures TensorFlow belongs, in the caller's language."""
     if current_language() == "r":
         return (" (right after library(keras3) and library(multigpu); remove "
                 "what exists with rm() to reconfigure without a restart)")

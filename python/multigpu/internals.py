@@ -93,6 +93,16 @@ def tensorflow_started():
     return context.context()._context_handle is not None
 
 
+# Set once `restart_tensorflow` ran: CUDA, started with the first runtime,
+# keeps the GPUs it saw then (it reads CUDA_VISIBLE_DEVICES once).
+_restarted = []
+
+
+def cuda_may_have_started():
+    """Whether TensorFlow's runtime has started in this process, even if restarted since."""
+    return bool(_restarted) or tensorflow_started()
+
+
 def eager_tensor_type():
     """The class of the concrete tensors of TensorFlow's eager context."""
     return ops_lib.EagerTensor
@@ -105,6 +115,7 @@ def restart_tensorflow():
     the old context must no longer exist: the caller checks that none lives.
     """
     context._reset_context()
+    _restarted.append(True)
 
 
 def functional_graph_of(model):

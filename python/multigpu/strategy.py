@@ -314,6 +314,20 @@ def _signal_ready():
     signal_ready(config["task"]["index"])
 
 
+def _restart_for_collective_ops():
+    """Collective ops are configured before TensorFlow starts: restart it if unused."""
+    alive = devices_lib.restart_unused_tensorflow()
+    if alive:
+        raise RuntimeError(
+            f"{api('multi_worker_strategy')} came too late: TensorFlow already "
+            "started and objects created on its devices still exist "
+            f"({', '.join(alive)}). A multi-worker strategy configures "
+            "TensorFlow's collective ops, which is possible only before: call "
+            f"it first thing{devices_lib.first_thing_where()}, or restart the "
+            "session."
+        )
+
+
 def multi_worker_strategy():
     """A `tf.distribute.MultiWorkerMirroredStrategy` for this process.
 
@@ -353,6 +367,7 @@ def multi_worker_strategy():
     with _lock:
         if _multi_worker:
             return _multi_worker[0]
+        _restart_for_collective_ops()
         resolver = cluster_lib.cluster_resolver()
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver)

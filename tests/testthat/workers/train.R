@@ -2,7 +2,11 @@
 #   srun -n 2 Rscript train.R DATA.rds OUT_DIR
 #   python -m multigpu.launch --workers 2 -- Rscript train.R DATA.rds OUT_DIR
 # Writes OUT_DIR/worker-<index>.rds: replicas, initial and final weights,
-# and the loss history.
+# and the loss history. With MULTIGPU_WORKER_KERAS3=true the worker is
+# written as keras3 users write it: keras3 attached first, keras3's layers,
+# optimizer and loss.
+keras3_user <- identical(Sys.getenv("MULTIGPU_WORKER_KERAS3"), "true")
+if (keras3_user) library(keras3)
 source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
 if (nzchar(source_tree)) {
   pkgload::load_all(source_tree, quiet = TRUE)
@@ -16,17 +20,28 @@ data <- readRDS(args[[1]])
 strategy <- multi_worker_strategy()
 index <- strategy$cluster_resolver$task_id
 
-keras <- reticulate::import("keras")
-keras$utils$set_random_seed(1234L)
-with(strategy$scope(), {
-  model <- keras$Sequential(list(
-    keras$Input(shape = list(ncol(data$x))),
-    keras$layers$Dense(8L, activation = "relu"),
-    keras$layers$Dense(1L)
-  ))
-  model |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
-                   loss = "mse")
-})
+if (keras3_user) {
+  set_random_seed(1234)
+  with(strategy$scope(), {
+    model <- keras_model_sequential(input_shape = ncol(data$x)) |>
+      layer_dense(8, activation = "relu") |>
+      layer_dense(1)
+    model |> compile(optimizer = optimizer_sgd(0.05, momentum = 0.9),
+                     loss = loss_mean_squared_error())
+  })
+} else {
+  keras <- reticulate::import("keras")
+  keras$utils$set_random_seed(1234L)
+  with(strategy$scope(), {
+    model <- keras$Sequential(list(
+      keras$Input(shape = list(ncol(data$x))),
+      keras$layers$Dense(8L, activation = "relu"),
+      keras$layers$Dense(1L)
+    ))
+    model |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
+                     loss = "mse")
+  })
+}
 initial <- model$get_weights()
 dataset <- distributed_dataset(data$x, data$y, per_replica_batch_size = 8,
                                strategy = strategy)
