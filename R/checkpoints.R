@@ -14,13 +14,14 @@
 #' @returns A compiled Keras model: the newest checkpoint, or `build_fn()`'s.
 #' @family checkpoints
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
 #' build_model <- function() {
-#'   model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                  keras$layers$Dense(1L)))
-#'   model %>% compile(loss = "mse", optimizer = "sgd")
+#'   model <- keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1)
+#'   model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
+#'   model
 #' }
 #' checkpoint_dir <- file.path(tempdir(), "ckpt")
 #' strategy <- mirrored_strategy()
@@ -28,9 +29,15 @@
 #'   model <- make_or_restore_model(checkpoint_dir, build_model)
 #' })
 #' x <- matrix(runif(400), ncol = 4)
-#' model %>% fit(x, rowSums(x), epochs = 2, verbose = 0,
-#'               callbacks = checkpoint_callbacks(checkpoint_dir))
+#' # shuffle = FALSE: a resumed run sees the batches an uninterrupted one would
+#' model |> fit(x, rowSums(x), epochs = 2, verbose = 0, shuffle = FALSE,
+#'              callbacks = checkpoint_callbacks(checkpoint_dir))
 #' list.files(checkpoint_dir)
+#'
+#' # Run again: the newest checkpoint is restored, not a new model built
+#' with(strategy$scope(), {
+#'   model <- make_or_restore_model(checkpoint_dir, build_model)
+#' })
 make_or_restore_model <- function(checkpoint_dir, build_fn) {
   call_core("make_or_restore_model", as_path(checkpoint_dir),
             build_fn = build_fn)
@@ -61,11 +68,18 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #' @returns A list of two Keras callbacks, for `fit(callbacks = )`.
 #' @family checkpoints
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' callbacks <- checkpoint_callbacks(file.path(tempdir(), "ckpt"),
-#'                                   save_freq = 100, max_to_keep = 2)
-#' length(callbacks)
+#' checkpoint_dir <- file.path(tempdir(), "ckpt-every-10")
+#' callbacks <- checkpoint_callbacks(checkpoint_dir, save_freq = 10, max_to_keep = 2)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(1)
+#' model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_adam())
+#' x <- matrix(runif(800), ncol = 4)
+#' model |> fit(x, rowSums(x), batch_size = 10, epochs = 2, verbose = 0,
+#'              shuffle = FALSE, callbacks = callbacks)
+#' list.files(checkpoint_dir)   # the 2 newest models, and the state to resume from
 checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch",
                                  max_to_keep = 3L) {
   call_core("checkpoint_callbacks", as_path(checkpoint_dir),

@@ -31,11 +31,11 @@
 #'   multigpu_unavailable_error multigpu_version_error multigpu_install_error
 #'   multigpu_warning
 #' @family multigpu environment
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(2L)))
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(2)
 #' tryCatch(
 #'   multi_gpu_model(model, gpus = 64),
 #'   multigpu_value_error = function(e) message("Not that many: ", conditionMessage(e))

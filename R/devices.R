@@ -30,9 +30,6 @@
 #' library(multigpu)
 #' virtual_devices(2)   # before any model or tensor exists
 #' available_devices()
-#' model <- keras_model_sequential(input_shape = 4) |>
-#'   layer_dense(1)
-#' model$weights[[1]]$device   # variables go to the first device
 virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
                             threads = NULL) {
   n <- as_count(n, null_ok = FALSE)

@@ -50,15 +50,21 @@ history_table <- function(x) {
 #'   a data frame.
 #' @family model training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(1L)))
-#' model %>% compile(loss = "mse", metrics = "mae")
+#' strategy <- mirrored_strategy()
+#' with(strategy$scope(), {
+#'   model <- keras_model_sequential(input_shape = 4) |>
+#'     layer_dense(1)
+#'   model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_adam(),
+#'                    metrics = list(metric_mean_absolute_error()))
+#' })
 #' x <- matrix(runif(400), ncol = 4)
-#' history <- model %>% fit(x, rowSums(x), epochs = 4, verbose = 0,
-#'                          validation_split = 0.25)
+#' data <- distributed_dataset(x, rowSums(x), per_replica_batch_size = 25,
+#'                             strategy = strategy)
+#' # fit_distributed() returns this history; so does fit() without keras3
+#' history <- model |> fit_distributed(data, epochs = 4, verbose = 0)
 #' history
 #' plot(history)
 #' head(as.data.frame(history))

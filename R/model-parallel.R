@@ -58,20 +58,18 @@
 #'   `$stage_table()`.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
-#' virtual_devices(2)   # first thing: simulate 2 devices on the CPU
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(
-#'   keras$Input(shape = list(4L)),
-#'   keras$layers$Dense(16L, activation = "relu", name = "encode"),
-#'   keras$layers$Dense(16L, activation = "relu", name = "transform"),
-#'   keras$layers$Dense(1L, name = "score")
-#' ))
-#' partitioned <- model %>% model_parallel(devices = 2, split = "transform")
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
+#' virtual_devices(2)   # no GPU: simulate 2 devices, before any model exists
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(16, activation = "relu", name = "encode") |>
+#'   layer_dense(16, activation = "relu", name = "transform") |>
+#'   layer_dense(1, name = "score")
+#' partitioned <- model |> model_parallel(devices = 2, split = "transform")
 #' partitioned$stages   # list(c("encode"), c("transform", "score"))
-#' partitioned %>% compile(loss = "mse", optimizer = "adam")
+#' partitioned |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_adam())
 #' x <- matrix(runif(256), ncol = 4)
-#' history <- partitioned %>% fit(x, rowSums(x), epochs = 2, verbose = 0)
+#' history <- partitioned |> fit(x, rowSums(x), epochs = 2, verbose = 0)
 #' placement_report(partitioned, x[1:32, ], rowSums(x[1:32, ]))
 model_parallel <- function(model, devices = NULL, split = NULL,
                            microbatches = 1) {

@@ -82,21 +82,26 @@
 #'   `$batch_split(batch_size)`.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
-#' virtual_devices(2)   # first thing: simulate 2 devices on the CPU
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(
-#'   keras$Input(shape = list(4L)),
-#'   keras$layers$Dense(8L, activation = "relu"),
-#'   keras$layers$Dense(1L)
-#' ))
-#' parallel_model <- model %>% multi_gpu_model(gpus = 2)
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
+#' virtual_devices(2)   # no GPU: simulate 2 devices, before any model exists
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(8, activation = "relu") |>
+#'   layer_dense(1)
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
 #' parallel_model$devices
 #' parallel_model$batch_split(64)   # 32 rows per device
-#' parallel_model %>% compile(loss = "mse", optimizer = "rmsprop")
+#' parallel_model |> compile(loss = loss_mean_squared_error(),
+#'                           optimizer = optimizer_rmsprop())
 #' x <- matrix(runif(256), ncol = 4)
-#' history <- parallel_model %>% fit(x, rowSums(x), epochs = 2, verbose = 0)
+#' history <- parallel_model |> fit(x, rowSums(x), epochs = 2, verbose = 0)
 #' history
+#'
+#' # A tfdatasets dataset: each batch of 32 is split into 2 sub-batches of 16
+#' dataset <- list(x, rowSums(x)) |>
+#'   tfdatasets::tensor_slices_dataset() |>
+#'   tfdatasets::dataset_batch(32)
+#' parallel_model |> evaluate(dataset, verbose = 0)
 multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
                             cpu_relocation = FALSE, engine = "auto") {
   call_core("multi_gpu_model", check_model(model),

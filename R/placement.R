@@ -40,17 +40,17 @@
 #'   method draws it; returned invisibly when printed.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(8L),
-#'                                keras$layers$Dense(1L)))
-#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(8) |>
+#'   layer_dense(1)
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
 #' x <- matrix(runif(64), ncol = 4)
 #' report <- placement_report(parallel_model, x)
 #' report[report$ops == 0, "device"]   # idle devices
-#' compile(parallel_model, loss = "mse", optimizer = "sgd")
+#' parallel_model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
 #' report <- placement_report(parallel_model, x, rowSums(x), print_table = FALSE)
 #' attr(report, "transfers")           # bytes per pair of devices and kind
 #' attr(report, "ring_bound_bytes")    # the all-reduce bound per device
@@ -132,14 +132,14 @@ transfer_frame <- function(report) {
 #'   for transfers), `share` (the bar's height) and `label`.
 #' @family multi-device training
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(8L),
-#'                                keras$layers$Dense(1L)))
-#' parallel_model <- multi_gpu_model(model, gpus = 2)
-#' compile(parallel_model, loss = "mse", optimizer = "sgd")
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(8) |>
+#'   layer_dense(1)
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
+#' parallel_model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
 #' x <- matrix(runif(64), ncol = 4)
 #' report <- placement_report(parallel_model, x, rowSums(x), print_table = FALSE)
 #' plot(report)

@@ -3,7 +3,7 @@
 #' `save_model_hdf5()` writes a model (architecture, weights and, when
 #' compiled, the optimizer) to a legacy Keras HDF5 file; `load_model_hdf5()`
 #' reads one back. Files written by `save_model_hdf5()` load compiled with
-#' Keras's own `keras$models$load_model()` too, whatever loss and metric
+#' keras3's `load_model()` too, whatever loss and metric
 #' aliases (`"mse"`, `"mae"`) `compile()` was given. `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' write and read the weights alone (Keras 3 requires the name to end in
 #' `.weights.h5`).
@@ -13,8 +13,8 @@
 #' template (the model whose weights the replicas share), as the original
 #' documentation asks users to do by hand: the file holds a plain Keras model
 #' that loads with `load_model_hdf5()` on any machine, with or without
-#' multigpu and whatever its devices. So `parallel_model %>%
-#' save_model_hdf5("m.h5")` and `model %>% save_model_hdf5("m.h5")` write the
+#' multigpu and whatever its devices. So `parallel_model |>
+#' save_model_hdf5("m.h5")` and `model |> save_model_hdf5("m.h5")` write the
 #' same file. To train the loaded model on several devices again, pass it to
 #' [multi_gpu_model()]. Weights saved from either load into either.
 #'
@@ -33,18 +33,20 @@
 #'   model.
 #' @family saving
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(1L)))
-#' parallel_model <- multi_gpu_model(model, gpus = 2)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(1)
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
 #' file <- tempfile(fileext = ".h5")
-#' parallel_model %>% save_model_hdf5(file)   # writes the template
+#' parallel_model |> save_model_hdf5(file)   # writes the template
 #' restored <- load_model_hdf5(file)
 #' weights <- tempfile(fileext = ".weights.h5")
-#' parallel_model %>% save_model_weights_hdf5(weights)
-#' model %>% load_model_weights_hdf5(weights)
+#' parallel_model |> save_model_weights_hdf5(weights)
+#' model |> load_model_weights_hdf5(weights)
+#' # keras3's load_model() reads the same file
+#' load_model(file)
 save_model_hdf5 <- function(object, filepath, overwrite = TRUE,
                             include_optimizer = TRUE) {
   check_model(object)

@@ -30,14 +30,15 @@
 #' @family model training
 #' @method compile keras.src.trainers.trainer.Trainer
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(3L)))
-#' model %>% compile(optimizer = "adam",
-#'                   loss = "sparse_categorical_crossentropy",
-#'                   metrics = "accuracy")
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(3, activation = "softmax")
+#' # keras3's compile() when keras3 is loaded, this one otherwise: same call
+#' model |> compile(optimizer = "adam",
+#'                  loss = "sparse_categorical_crossentropy",
+#'                  metrics = "accuracy")
 compile.keras.src.trainers.trainer.Trainer <- function(
     object, optimizer = "rmsprop", loss = NULL, metrics = NULL, ...,
     steps_per_execution = NULL, jit_compile = NULL) {
@@ -97,18 +98,18 @@ compile.keras.src.trainers.trainer.Trainer <- function(
 #' @family model training
 #' @method fit keras.src.trainers.trainer.Trainer
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(3L)))
-#' parallel_model <- multi_gpu_model(model, gpus = 2)
-#' parallel_model %>% compile(loss = "sparse_categorical_crossentropy",
-#'                            metrics = "accuracy")
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(3, activation = "softmax")
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
+#' parallel_model |> compile(loss = "sparse_categorical_crossentropy",
+#'                           metrics = "accuracy")
 #' x <- as.matrix(iris[, 1:4])
-#' history <- parallel_model %>%
-#'   fit(x, iris$Species, epochs = 3, batch_size = 32, verbose = 0,
-#'       validation_split = 0.2)
+#' y <- as.integer(iris$Species) - 1L   # classes 0, 1, 2 (without keras3, a factor works too)
+#' history <- parallel_model |>
+#'   fit(x, y, epochs = 3, batch_size = 32, verbose = 0, validation_split = 0.2)
 #' history
 #' plot(history)
 fit.keras.src.trainers.trainer.Trainer <- function(
@@ -147,7 +148,7 @@ fit.keras.src.trainers.trainer.Trainer <- function(
 #' The `evaluate()` of the generics package, for Keras models when the
 #' keras3 package is not in use. That generic names its first argument `x`,
 #' so here `x` is the model and the test inputs come next: pass them by
-#' position, `model %>% evaluate(x_test, y_test)`, or as `data =`.
+#' position, `model |> evaluate(x_test, y_test)`, or as `data =`.
 #'
 #' @param x A Keras model, compiled.
 #' @param data Test inputs: an R array, a list of arrays, or a dataset.
@@ -163,14 +164,14 @@ fit.keras.src.trainers.trainer.Trainer <- function(
 #' @family model training
 #' @method evaluate keras.src.trainers.trainer.Trainer
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(1L)))
-#' model %>% compile(loss = "mse", metrics = "mae")
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(1)
+#' model |> compile(loss = "mse", metrics = "mae")
 #' x <- matrix(runif(64), ncol = 4)
-#' model %>% evaluate(x, rowSums(x), verbose = 0)
+#' model |> evaluate(x, rowSums(x), verbose = 0)
 evaluate.keras.src.trainers.trainer.Trainer <- function(
     x, data = NULL, y = NULL, ..., batch_size = NULL,
     verbose = getOption("keras.verbose", default = "auto"),
@@ -203,13 +204,13 @@ evaluate.keras.src.trainers.trainer.Trainer <- function(
 #' @family model training
 #' @method predict keras.src.trainers.trainer.Trainer
 #' @export
-#' @examplesIf multigpu::is_multigpu_available()
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
 #' virtual_devices(2)
-#' keras <- reticulate::import("keras")
-#' model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-#'                                keras$layers$Dense(2L)))
-#' parallel_model <- multi_gpu_model(model, gpus = 2)
-#' parallel_model %>% predict(matrix(runif(20), ncol = 4), verbose = 0)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(2)
+#' parallel_model <- model |> multi_gpu_model(gpus = 2)
+#' parallel_model |> predict(matrix(runif(20), ncol = 4), verbose = 0)
 predict.keras.src.trainers.trainer.Trainer <- function(
     object, x, ..., batch_size = NULL,
     verbose = getOption("keras.verbose", default = "auto"), steps = NULL,

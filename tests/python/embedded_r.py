@@ -1,6 +1,9 @@
 """R embedded in the pytest process, with the multigpu R package and the R
 scenario runner (`tests/testthat/helper-scenarios.R`) loaded, for the parity
-check of `test_scenario_parity.py`."""
+checks of `test_scenario_parity.py` (the plain R API) and
+`test_scenario_parity_keras3.py` (the keras3 R API: keras3 and tfdatasets
+attached first, as R users have them; one API per process, since attaching
+keras3 changes S3 dispatch for the whole R session)."""
 
 import atexit
 import gc
@@ -11,7 +14,10 @@ import sys
 
 from scenario_files import ROOT, SCENARIO_DIR, recipes
 
-R_HELPER = ROOT / "tests" / "testthat" / "helper-scenarios.R"
+R_HELPERS = [ROOT / "tests" / "testthat" / name
+             for name in ("helper-scenarios.R", "helper-scenarios-keras3.R")]
+# The R packages each API attaches before multigpu.
+API_PACKAGES = {"plain": [], "keras3": ["keras3", "tfdatasets"]}
 
 
 class EmbeddedR:
@@ -29,15 +35,18 @@ class EmbeddedR:
     with the GIL held.
     """
 
-    def __init__(self):
+    def __init__(self, api="plain"):
+        self.api = api
         os.environ.setdefault("RETICULATE_PYTHON", sys.executable)
         import rpy2.rinterface
         import rpy2.robjects as robjects
         # rpy2 ends R at exit, after reticulate released this interpreter's
         # thread state: Python then aborts ("GIL is released").
         atexit.unregister(rpy2.rinterface.endr)
-        robjects.r(R_SETUP.format(root=_r_string(ROOT),
-                                  helper=_r_string(R_HELPER),
+        attach = "".join(f"  library({package})\n"
+                         for package in API_PACKAGES[api])
+        robjects.r(R_SETUP.format(attach=attach, root=_r_string(ROOT),
+                                  helpers=", ".join(map(_r_string, R_HELPERS)),
                                   scenarios=_r_string(SCENARIO_DIR)))
         self.runner = recipes.R_RUNNER
 
@@ -52,14 +61,14 @@ class EmbeddedR:
     def run(self, scenario_path, workdir):
         name = pathlib.Path(scenario_path).stem
         recipes.R_RECORDS.pop(name, None)
-        self.runner(str(scenario_path), str(workdir))
+        self.runner(str(scenario_path), str(workdir), self.api)
         return recipes.R_RECORDS.pop(name)
 
 
 R_SETUP = """
 suppressPackageStartupMessages({{
   library(testthat)
-  if (requireNamespace("pkgload", quietly = TRUE) &&
+{attach}  if (requireNamespace("pkgload", quietly = TRUE) &&
       file.exists(file.path({root}, "NAMESPACE"))) {{
     pkgload::load_all({root}, export_all = FALSE, helpers = FALSE,
                       attach_testthat = FALSE, quiet = TRUE)
@@ -67,7 +76,7 @@ suppressPackageStartupMessages({{
     library(multigpu)
   }}
 }})
-sys.source({helper}, envir = globalenv())
+for (helper in c({helpers})) sys.source(helper, envir = globalenv())
 reticulate::py_set_attr(scenario_recipes({scenarios}), "R_RUNNER",
                         run_scenario_for_python)
 """

@@ -13,6 +13,13 @@
 # its own process and calls run_scenario_for_python(), then compares the
 # record with the Python run's. So this file must work on its own: it uses
 # only multigpu's exported functions, testthat, jsonlite and reticulate.
+#
+# What differs between the ways an R user drives Keras is one `api` object
+# (scenario_api_plain() here; scenario_api_keras3() in
+# helper-scenarios-keras3.R, as a keras3 user writes the same steps):
+# compile arguments, weights, datasets, saving and loading, and which errors
+# count as the expected one. compile()/fit()/evaluate()/predict() are always
+# the generics: which methods they reach depends on whether keras3 is loaded.
 
 # Where the scenario files are: $MULTIGPU_SCENARIO_DIR, or tests/scenarios
 # next to this tests/testthat directory.
@@ -139,12 +146,41 @@ max_difference <- function(a, b) {
 
 scenario_tolerance <- function(value) if (isTRUE(value)) 1e-5 else as.numeric(value)
 
+# ---- the plain API: multigpu's methods and functions, Keras through reticulate ----
+
+scenario_api_plain <- function() {
+  list(
+    name = "plain",
+    compile_args = scenario_compile_args,
+    weights = function(model) model$get_weights(),
+    # The data distributed_dataset() is given: the arrays.
+    dataset_data = function(state) list(state$x, state$y),
+    history_metrics = function(history) history$metrics,
+    evaluate_metrics = function(result) lapply(result, as.numeric),
+    save_model = save_model_hdf5,
+    load_model = load_model_hdf5,
+    save_weights = save_model_weights_hdf5,
+    load_weights = load_model_weights_hdf5,
+    # The condition an invalid input raises, as list(class, message,
+    # from_python, rendered), or NULL for an error that is not one.
+    expected_error = function(error) {
+      if (!inherits(error, "multigpu_error")) return(NULL)
+      matched <- vapply(scenario_error_classes, inherits, logical(1), x = error)
+      list(class = names(which(matched))[1] %||% "",
+           r_class = paste(class(error), collapse = "/"),
+           message = conditionMessage(error),
+           from_python = !is.null(error$python_type), rendered = "r")
+    }
+  )
+}
+
 # ---- the runner ----
 
 #' Runs one scenario with the R API; returns its record (the numbers the
 #' parity check compares). Expectations are testthat expectations: inside
 #' test_that() they are reported, outside they signal an error.
-run_scenario <- function(path, workdir = tempfile("scenario-")) {
+run_scenario <- function(path, workdir = tempfile("scenario-"),
+                         api = scenario_api_plain()) {
   scenario <- read_scenario(path)
   dir.create(workdir, recursive = TRUE, showWarnings = FALSE)
   recipes <- scenario_recipes(dirname(normalizePath(path)))
@@ -153,6 +189,7 @@ run_scenario <- function(path, workdir = tempfile("scenario-")) {
   state <- new.env()
   state$scenario <- scenario
   state$recipes <- recipes
+  state$api <- api
   state$workdir <- workdir
   state$x <- data$x
   state$y <- data$y
@@ -183,34 +220,37 @@ run_scenario <- function(path, workdir = tempfile("scenario-")) {
           runner(step, step$expect %||% list(), entry, state, where))
         NULL
       },
-      multigpu_error = function(e) e
+      multigpu_error = function(e) scenario_caught(api, e),
+      python.builtin.Exception = function(e) scenario_caught(api, e)
     )
     state$record$steps[[i]] <- entry
     scenario_expect(!is.null(error), sprintf(
       "%s: expected a %s (%s), but it succeeded", where, expected$class,
       expected$message))
     if (is.null(error)) return(state$record)
-    r_class <- scenario_error_classes[[expected$class]]
-    scenario_expect(inherits(error, r_class), sprintf(
-      "%s: expected a %s, got %s: %s", where, r_class,
-      paste(class(error), collapse = "/"), conditionMessage(error)))
-    expected_message <- expected$message_r %||% expected$message
-    scenario_expect(grepl(expected_message, conditionMessage(error),
-                          fixed = TRUE), sprintf(
-      "%s: message %s lacks %s", where, encodeString(conditionMessage(error),
-                                                      quote = '"'),
+    scenario_expect(identical(error$class, expected$class), sprintf(
+      "%s: expected a %s (%s), got %s: %s", where, expected$class,
+      scenario_error_classes[[expected$class]], error$r_class, error$message))
+    # An error R rendered (a multigpu condition) reads in R; one that
+    # reached R as reticulate's Python exception (through keras3's methods)
+    # has the core's Python wording: each is checked against its own.
+    in_r <- identical(error$rendered, "r")
+    expected_message <- if (in_r) expected$message_r %||% expected$message else
+      expected$message
+    scenario_expect(grepl(expected_message, error$message, fixed = TRUE), sprintf(
+      "%s: message %s lacks %s", where, encodeString(error$message, quote = '"'),
       encodeString(expected_message, quote = '"')))
-    scenario_expect(speaks_r(conditionMessage(error)), sprintf(
-      "%s: the R message has Python values or calls: %s", where,
-      conditionMessage(error)))
-    matched <- vapply(scenario_error_classes, inherits, logical(1), x = error)
-    state$record$error <- list(class = names(which(matched))[1] %||% "",
-                               message = conditionMessage(error),
-                               from_python = !is.null(error$python_type))
+    if (in_r) {
+      scenario_expect(speaks_r(error$message), sprintf(
+        "%s: the R message has Python values or calls: %s", where,
+        error$message))
+    }
+    error$r_class <- NULL
+    state$record$error <- error
     return(state$record)
   }
   if (!is.null(state$template)) {
-    state$record$final_weights <- state$template$get_weights()
+    state$record$final_weights <- api$weights(state$template)
   }
   state$record
 }
@@ -231,6 +271,14 @@ suppress_multigpu_warnings <- function(expr) {
   })
 }
 
+# The expected error's record, as the API reads it; an error the API does
+# not expect is raised again.
+scenario_caught <- function(api, error) {
+  caught <- api$expected_error(error)
+  if (is.null(caught)) stop(error)
+  caught
+}
+
 scenario_expect <- function(ok, message) {
   testthat::expect(isTRUE(ok), message)
 }
@@ -247,9 +295,9 @@ scenario_predict <- function(model, state, step = list()) {
 }
 
 scenario_dataset <- function(spec, state) {
-  args <- list(state$x, state$y,
-               per_replica_batch_size = spec$per_replica_batch_size,
-               strategy = state$strategy)
+  args <- c(state$api$dataset_data(state),
+            list(per_replica_batch_size = spec$per_replica_batch_size,
+                 strategy = state$strategy))
   if (!is.null(spec$drop_remainder)) args$drop_remainder <- spec$drop_remainder
   if (!is.null(spec$cache)) args$cache <- spec$cache
   do.call(distributed_dataset, args)
@@ -261,7 +309,7 @@ scenario_steps <- list(
     model <- in_strategy_scope(state, function() state$recipes$build(s$recipe, s$seed))
     state$model <- state$template <- model
     if (inherits(model, "keras.src.models.model.Model")) {
-      state$record$initial_weights <- model$get_weights()
+      state$record$initial_weights <- state$api$weights(model)
     }
     if (!is.null(expect$params)) {
       scenario_expect(model$count_params() == expect$params,
@@ -279,7 +327,7 @@ scenario_steps <- list(
     if ("gpus" %in% names(args)) args["gpus"] <- list(scenario_devices(args$gpus))
     source <- state$model
     before <- if (inherits(source, "keras.src.models.model.Model")) {
-      source$get_weights()
+      state$api$weights(source)
     }
     parallel <- suppress_multigpu_warnings(
       do.call(multi_gpu_model, c(list(source), args)))
@@ -312,7 +360,7 @@ scenario_steps <- list(
                       sprintf("%s: template is the model: %s", where, same))
     }
     if (isTRUE(expect$weights_kept)) {
-      scenario_expect(max_difference(parallel$template$get_weights(), before) == 0,
+      scenario_expect(max_difference(state$api$weights(parallel$template), before) == 0,
                       sprintf("%s: the template's weights changed", where))
     }
     if (!is.null(expect$output_names)) {
@@ -380,7 +428,7 @@ scenario_steps <- list(
   },
 
   compile = function(step, expect, entry, state, where) {
-    args <- c(list(state$model), scenario_compile_args(step))
+    args <- c(list(state$model), state$api$compile_args(step))
     in_strategy_scope(state, function() do.call(compile, args))
     state$compile_step <- step
     entry
@@ -403,15 +451,15 @@ scenario_steps <- list(
       args$callbacks <- checkpoint_callbacks(file.path(state$workdir,
                                                        "checkpoints"))
     }
-    before <- state$template$get_weights()
+    before <- state$api$weights(state$template)
     history <- do.call(fit, c(list(state$model, x, y), args))
     if (!is.null(expect$template_trained)) {
-      changed <- max_difference(state$template$get_weights(), before) > 0
+      changed <- max_difference(state$api$weights(state$template), before) > 0
       scenario_expect(changed == expect$template_trained,
                       sprintf("%s: the template's weights changed: %s", where,
                               changed))
     }
-    metrics <- history$metrics
+    metrics <- state$api$history_metrics(history)
     entry$history <- metrics[sort(names(metrics))]
     losses <- metrics$loss
     if (!is.null(expect$epochs_run)) {
@@ -433,11 +481,11 @@ scenario_steps <- list(
       s <- state$scenario
       reference <- state$recipes$build(s$recipe, s$seed)
       do.call(compile, c(list(reference),
-                         scenario_compile_args(state$compile_step)))
+                         state$api$compile_args(state$compile_step)))
       args$callbacks <- NULL
       do.call(fit, c(list(reference, x, y), args))
-      difference <- max_difference(state$template$get_weights(),
-                                   reference$get_weights())
+      difference <- max_difference(state$api$weights(state$template),
+                                   state$api$weights(reference))
       scenario_expect(difference <= scenario_tolerance(expect$equals_reference),
                       sprintf("%s: weights differ from the reference by %g",
                               where, difference))
@@ -454,7 +502,7 @@ scenario_steps <- list(
     args <- list(state$model, state$x, state$y, verbose = 0)
     if (!is.null(step$batch_size)) args$batch_size <- step$batch_size
     result <- do.call(evaluate, args)
-    values <- lapply(result, as.numeric)
+    values <- state$api$evaluate_metrics(result)
     entry$metrics <- values[sort(names(values))]
     if (!is.null(expect$keys)) {
       scenario_expect(identical(sort(names(values)), sort(unlist(expect$keys))),
@@ -498,12 +546,12 @@ scenario_steps <- list(
 
   save = function(step, expect, entry, state, where) {
     state$saved[[step$file]] <- scenario_predict(state$model, state)
-    save_model_hdf5(state$model, file.path(state$workdir, step$file))
+    state$api$save_model(state$model, file.path(state$workdir, step$file))
     entry
   },
 
   reload = function(step, expect, entry, state, where) {
-    loaded <- load_model_hdf5(file.path(state$workdir, step$file))
+    loaded <- state$api$load_model(file.path(state$workdir, step$file))
     scenario_expect(!inherits(loaded, "multigpu.replicas.ParallelModel"),
                     sprintf("%s: the reloaded model is a ParallelModel", where))
     predictions <- scenario_predict(loaded, state)
@@ -524,13 +572,13 @@ scenario_steps <- list(
 
   save_weights = function(step, expect, entry, state, where) {
     state$saved[[step$file]] <- scenario_predict(state$model, state)
-    save_model_weights_hdf5(state$model, file.path(state$workdir, step$file))
+    state$api$save_weights(state$model, file.path(state$workdir, step$file))
     entry
   },
 
   load_weights = function(step, expect, entry, state, where) {
     fresh <- state$recipes$build(state$scenario$recipe, step$seed)
-    load_model_weights_hdf5(fresh, file.path(state$workdir, step$file))
+    state$api$load_weights(fresh, file.path(state$workdir, step$file))
     predictions <- scenario_predict(fresh, state)
     entry$predictions <- flat_outputs(predictions)
     if (!is.null(expect$equals_saved)) {
@@ -549,7 +597,7 @@ scenario_steps <- list(
     build_fn <- function() {
       built <<- TRUE
       model <- state$recipes$build(s$recipe, s$seed)
-      do.call(compile, c(list(model), scenario_compile_args(step$compile)))
+      do.call(compile, c(list(model), state$api$compile_args(step$compile)))
       model
     }
     directory <- file.path(state$workdir, "checkpoints")
@@ -557,13 +605,14 @@ scenario_steps <- list(
       make_or_restore_model(directory, build_fn)
     })
     if (is.null(state$record$initial_weights) && built) {
-      state$record$initial_weights <- model$get_weights()
+      state$record$initial_weights <- state$api$weights(model)
     }
     if (!is.null(expect$restored)) {
       scenario_expect(!built == expect$restored,
                       sprintf("%s: restored is %s", where, !built))
       if (isTRUE(expect$restored) && !is.null(previous)) {
-        difference <- max_difference(model$get_weights(), previous$get_weights())
+        difference <- max_difference(state$api$weights(model),
+                                     state$api$weights(previous))
         scenario_expect(difference <= 1e-7,
                         sprintf("%s: restored weights differ by %g", where,
                                 difference))
@@ -587,8 +636,9 @@ scenario_steps <- list(
 
 #' For the Python parity check: runs a scenario and hands its record to
 #' Python (tests/scenarios/recipes.py keeps it for the pytest process).
-run_scenario_for_python <- function(path, workdir) {
-  record <- suppress_multigpu_warnings(run_scenario(path, workdir))
+run_scenario_for_python <- function(path, workdir, api = "plain") {
+  api <- switch(api, plain = scenario_api_plain(), keras3 = scenario_api_keras3())
+  record <- suppress_multigpu_warnings(run_scenario(path, workdir, api))
   name <- sub("[.]json$", "", basename(path))
   scenario_recipes(dirname(normalizePath(path)))$store_r_record(name, record)
   invisible(NULL)

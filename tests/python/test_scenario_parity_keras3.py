@@ -1,0 +1,92 @@
+"""Parity through the keras3 R API: every shared scenario run in R as a keras3
+user writes it (keras3 and tfdatasets attached, keras3's compile/fit/
+evaluate/predict methods, optimizers, losses and metrics from keras3's
+constructors; see `tests/testthat/helper-scenarios-keras3.R`), embedded in
+this process, gives the numbers and the errors of its Python run
+(`compare_records` of `test_scenario_parity.py`, within `PARITY_TOLERANCE`).
+
+Needs the current R stack (reticulate >= 1.38 with keras3, tensorflow and
+tfdatasets) and NumPy 2: `make test-python-keras3-parity`, i.e.
+`R_LIBS=.r-current .venv-numpy2/bin/python -m pytest -q
+tests/python/test_scenario_parity_keras3.py`. Run it in a pytest process of
+its own, apart from `test_scenario_parity.py`: R starts once per process, and
+keras3 changes S3 dispatch for the whole R session. `MULTIGPU_SKIP_R=1`
+skips it.
+"""
+
+import os
+
+import pytest
+
+from embedded_r import EmbeddedR
+from scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
+from scenario_runner import python_record
+from test_scenario_parity import PARITY_TOLERANCE, compare_records
+
+pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
+              pytest.mark.r_parity, pytest.mark.r_parity_keras3]
+
+
+@pytest.fixture(scope="session")
+def embedded_r_keras3():
+    if os.environ.get("MULTIGPU_SKIP_R") == "1":
+        pytest.skip("MULTIGPU_SKIP_R=1: R parity not checked")
+    embedded = EmbeddedR(api="keras3")
+    yield embedded
+    embedded.close()
+
+
+_largest = {}
+# Errors that reached R as reticulate's Python condition (through keras3's
+# methods) rather than as multigpu's classed condition, by scenario.
+_python_worded = {}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
+def test_parity_keras3(scenario, embedded_r_keras3, tmp_path_factory):
+    python = python_record(scenario, tmp_path_factory)
+    r = embedded_r_keras3.run(SCENARIO_DIR / f"{scenario['name']}.json",
+                              tmp_path_factory.mktemp(f"r3-{scenario['name']}"))
+    largest, compared = compare_records(python, r)
+    if error_step(scenario) is None:
+        assert compared > 0, "the scenario recorded no numbers to compare"
+    if r.get("error") and r["error"].get("rendered") == "python":
+        _python_worded[scenario["name"]] = r["error"]["message"]
+    _largest[scenario["name"]] = largest
+    assert largest <= PARITY_TOLERANCE, (
+        f"R (keras3) and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "an invalid input caught by the core inside fit() reaches a keras3 user "
+    "as reticulate's Python error, worded for Python (microbatches=4, "
+    "multigpu.model_parallel(...)): keras3's methods do not pass through "
+    "multigpu's bridge, which asks the core for R wording"))
+def test_keras3_errors_read_in_r():
+    """Runs after the parity tests (file order): every error a keras3 user
+    met in the scenarios reads in R."""
+    if not _largest:
+        pytest.skip("no keras3 parity test ran")
+    foreign = {name: message for name, message in _python_worded.items()
+               if not speaks("r", message)}
+    assert not _python_worded, (
+        f"{len(_python_worded)} error(s) reached R worded for Python "
+        f"({len(foreign)} with Python spellings): {_python_worded}")
+
+
+def test_parity_keras3_summary(capsys):
+    """Runs after the parity tests (file order): prints how many scenarios of
+    each kind ran in both languages and the largest difference seen."""
+    if not _largest:
+        pytest.skip("no keras3 parity test ran")
+    name = max(_largest, key=_largest.get)
+    invalid = sum(error_step(s) is not None for s in SCENARIOS
+                  if s["name"] in _largest)
+    line = (f"keras3 scenario parity: {len(_largest)} scenarios in Python and "
+            f"R with keras3 ({len(_largest) - invalid} valid, {invalid} "
+            f"invalid-input); largest difference {_largest[name]:.3g}"
+            f"{f' ({name})' if _largest[name] else ' (bitwise identical)'}; "
+            f"errors worded for Python: {sorted(_python_worded) or 'none'}")
+    with capsys.disabled():
+        print(f"\n{line}")
+    assert _largest[name] <= PARITY_TOLERANCE
