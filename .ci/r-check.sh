@@ -4,7 +4,7 @@
 #   bash .ci/r-check.sh
 #
 # 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
-# 2. R CMD build (runs both vignettes for real).
+# 2. R CMD build (runs the three vignettes for real).
 # 3. .ci/r-install-test.sh: the tarball installed into an empty library,
 #    install_multigpu() run elsewhere, a model trained with it.
 # 4. R CMD check --no-manual --no-build-vignettes on the tarball (examples,
