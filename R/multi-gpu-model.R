@@ -7,7 +7,7 @@
 #' template's weights, so training the returned model trains `model`.
 #'
 #' On a machine without GPUs the replicas run on logical CPU devices: call
-#' [virtual_devices()] right after `library(multigpu)` to simulate several.
+#' [virtual_devices()] before building a model to simulate several.
 #'
 #' @section How `gpus` is read:
 #' * `NULL`: every GPU; without GPUs, every logical CPU device (with a

@@ -6,7 +6,12 @@
 #'
 #' * Data parallelism in one call: [multi_gpu_model()].
 #' * Simulated devices on a machine without GPUs: [virtual_devices()]
-#'   (call it right after `library(multigpu)`), [available_devices()].
+#'   (call it before building a model, after `library(keras3)` and
+#'   `library(multigpu)` in either order), [available_devices()].
+#' * With keras3 attached, its `compile()`, `fit()`, `evaluate()` and
+#'   `predict()` train multigpu's models too; this package exports the same
+#'   generics (tensorflow's `evaluate()` when tensorflow is installed), so
+#'   attaching both masks nothing.
 #' * Mirrored strategies and their helpers: [mirrored_strategy()],
 #'   [distributed_dataset()], [make_or_restore_model()],
 #'   [checkpoint_callbacks()].
@@ -58,6 +63,7 @@ NULL
   }
   use_tensorflow_evaluate()
   select_python()
+  declare_python_requirements()
   # The import does not start Python: virtual_devices() must be able to run
   # before TensorFlow initialises its devices.
   .globals$core <- reticulate::import("multigpu", delay_load = TRUE)
