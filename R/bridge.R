@@ -170,6 +170,7 @@ call_core <- function(fn, ..., .optional = character(), call = caller_call()) {
 call_method <- function(object, method, args, optional = character(),
                         call = caller_call()) {
   check_model(object, "object", call = call)
+  args <- check_no_na(args, method, call = call)
   with_python(do.call(object[[method]], without_null(args, optional)),
               call = call)
 }

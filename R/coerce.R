@@ -352,10 +352,27 @@ is_dataset <- function(x) {
   inherits(x, "tensorflow.python.data.ops.dataset_ops.DatasetV2")
 }
 
-#' Keras callbacks as a list: one callback object is wrapped.
+#' Keras callbacks as a list: one callback object is wrapped; R values that
+#' are no callback (a number, a string, an R function) are refused.
 #' @noRd
-as_callbacks <- function(callbacks) {
-  if (inherits(callbacks, "python.builtin.object")) return(list(callbacks))
+as_callbacks <- function(callbacks, arg = "callbacks", call = caller_call()) {
+  if (is.null(callbacks)) return(NULL)
+  if (inherits(callbacks, "python.builtin.object")) {
+    if (reticulate::py_has_attr(callbacks, "set_model")) return(list(callbacks))
+    return(callbacks)  # a Python list of callbacks
+  }
+  entries <- if (is.list(callbacks)) callbacks else list(callbacks)
+  bad <- !vapply(entries, inherits, logical(1), what = "python.builtin.object")
+  if (any(bad)) {
+    multigpu_abort(sprintf(
+      "`%s` must be a Keras callback or a list of them, such as checkpoint_callbacks(dir) or keras$callbacks$EarlyStopping(); %s is not one.",
+      arg, if (is.list(callbacks)) {
+        sprintf("entry %d, %s,", which(bad)[[1L]], describe(entries[[which(bad)[[1L]]]]))
+      } else {
+        describe(callbacks)
+      }
+    ), class = "multigpu_type_error", call = call)
+  }
   callbacks
 }
 
@@ -387,6 +404,14 @@ as_class_weight <- function(class_weight, arg = "class_weight",
   if (is.null(names(class_weight)) || anyNA(ids)) {
     multigpu_abort(sprintf(
       "`%s` must be named by 0-based class index, e.g. c(\"0\" = 1, \"1\" = 5); received %s.",
+      arg, describe(class_weight)
+    ), call = call)
+  }
+  weights <- unlist(class_weight)
+  if (!is.numeric(weights) || length(weights) != length(ids) || anyNA(weights) ||
+      any(!is.finite(weights)) || any(weights < 0)) {
+    multigpu_abort(sprintf(
+      "`%s` must give every class a finite weight >= 0 (an NA weight would make the loss NaN); received %s.",
       arg, describe(class_weight)
     ), call = call)
   }

@@ -147,3 +147,17 @@ test_that("a late virtual_devices() names the R call", {
   expect_speaks_r(tryCatch(virtual_devices(8), error = identity),
                   "virtual_devices(8) came too late")
 })
+
+test_that("an NA passed on to Python is refused before reticulate reads it as TRUE or \"NA\"", {
+  skip_if_no_multigpu()
+  expect_error(mirrored_strategy(2, cross_device_ops = NA),
+               "`cross_device_ops` must not be NA: received NA, which Python would read as TRUE. See ?mirrored_strategy",
+               fixed = TRUE, class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(withr::local_tempdir(), save_freq = NA_character_),
+               "`save_freq` must not be NA: received NA_character_, which Python would read as the string \"NA\"",
+               fixed = TRUE, class = "multigpu_value_error")
+  # compile(loss = NA) compiled with loss = True before.
+  model <- tiny_model()
+  expect_error(compile(model, loss = NA), "`loss` must not be NA", class = "multigpu_value_error")
+  expect_false(model$compiled)
+})

@@ -195,6 +195,23 @@ test_that("check_no_na() refuses an NA that Python would read as a value", {
   expect_identical(check_no_na(args, "f"), args)
 })
 
+test_that("as_callbacks() refuses R values that are no callback, naming them", {
+  expect_null(as_callbacks(NULL))
+  callbacks <- 1
+  expect_error(as_callbacks(callbacks),
+               "^`callbacks` must be a Keras callback or a list of them, such as checkpoint_callbacks\\(dir\\) or keras\\$callbacks\\$EarlyStopping\\(\\); 1 is not one\\.$",
+               class = "multigpu_type_error")
+  expect_error(as_callbacks(list(mean)), "entry 1, a function, is not one", class = "multigpu_type_error")
+})
+
+test_that("as_class_weight() refuses NA, infinite and negative weights", {
+  for (weights in list(c("0" = NA, "1" = 2), c("0" = 1, "1" = -1), c("0" = Inf, "1" = 1),
+                       list("0" = "a", "1" = 1))) {
+    expect_value_error(as_class_weight(weights),
+                       "^`class_weight` must give every class a finite weight >= 0 \\(an NA weight would make the loss NaN\\)")
+  }
+})
+
 test_that("as_string() reads a factor as its label", {
   engine <- factor("mirrored")
   expect_identical(as_string(engine), "mirrored")
