@@ -28,6 +28,11 @@ default_env_dir <- function(envname = "r-multigpu") {
 #' @noRd
 find_python <- function(wd = getwd()) {
   reticulate_python <- Sys.getenv("RETICULATE_PYTHON")
+  if (identical(reticulate_python, "managed") && reticulate_provisions()) {
+    return(list(python = NULL, managed = TRUE,
+                source = paste("RETICULATE_PYTHON=managed: reticulate's",
+                               "environment from py_require()")))
+  }
   if (nzchar(reticulate_python)) {
     return(list(python = reticulate_python,
                 source = "the RETICULATE_PYTHON environment variable"))
@@ -58,7 +63,25 @@ find_python <- function(wd = getwd()) {
     if (identical(parent, dir)) break
     dir <- parent
   }
+  if (reticulate_provisions()) {
+    return(list(python = NULL, managed = TRUE, source = managed_source))
+  }
   list(python = NULL, source = "reticulate's default discovery")
+}
+
+managed_source <- paste(
+  "reticulate's environment from py_require() (no RETICULATE_PYTHON,",
+  "MULTIGPU_PYTHON, multigpu.python, r-multigpu environment or .venv;",
+  "reticulate >= 1.41 creates it with uv)"
+)
+
+#' Whether reticulate creates an environment from py_require() declarations
+#' when nothing else chose a Python: reticulate >= 1.41, unless the user
+#' opted out with RETICULATE_USE_MANAGED_VENV=no.
+#' @noRd
+reticulate_provisions <- function(reticulate_version = utils::packageVersion("reticulate")) {
+  reticulate_version >= "1.41" &&
+    !tolower(Sys.getenv("RETICULATE_USE_MANAGED_VENV")) %in% c("false", "0", "no")
 }
 
 #' Record the Python multigpu will use and make reticulate use it.

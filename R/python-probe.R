@@ -80,6 +80,17 @@ fix_text <- paste0(
   "library(multigpu)."
 )
 
+# The fix when reticulate made the environment from multigpu's py_require()
+# declarations: the declarations come from this package, so a wrong
+# environment is a stale one.
+managed_fix_text <- paste(
+  "Fix: restart R, and reticulate builds the environment again from what",
+  "this multigpu package declares with py_require(); if that does not help,",
+  "clear reticulate's cache with",
+  "unlink(tools::R_user_dir(\"reticulate\", \"cache\"), recursive = TRUE)",
+  "and restart R, or run multigpu::install_multigpu() and restart R."
+)
+
 #' The Python versions the core supports, read from its pyproject.toml
 #' (`requires-python = ">=3.10,<3.14"`), where they are written once.
 #'
@@ -110,30 +121,31 @@ is_supported_python <- function(version, supported = core_python_range()) {
 #' @noRd
 diagnose <- function(python, source, versions,
                      reticulate_version = utils::packageVersion("reticulate"),
-                     r_package_version = as.character(utils::packageVersion("multigpu"))) {
+                     r_package_version = as.character(utils::packageVersion("multigpu")),
+                     fix = fix_text) {
   where <- sprintf("(chosen by %s)", source)
   if (is.null(python) || !nzchar(python)) {
     return(sprintf("No Python was found for multigpu %s. %s", where,
-                   fix_text))
+                   fix))
   }
   if (!file.exists(python)) {
     return(sprintf("%s points to %s, which does not exist. %s",
-                   capitalise(source), python, fix_text))
+                   capitalise(source), python, fix))
   }
   if (is.character(versions) && is.null(names(versions))) {
     return(sprintf("The Python %s %s could not be run: %s\n%s",
-                   python, where, versions, fix_text))
+                   python, where, versions, fix))
   }
   if (!is_supported_python(versions[["python"]])) {
     return(sprintf(
       "The Python %s %s is version %s; multigpu needs Python %s (TensorFlow 2.21 supports no other). %s",
-      python, where, versions[["python"]], core_python_range()$text, fix_text
+      python, where, versions[["python"]], core_python_range()$text, fix
     ))
   }
   numpy <- versions[["numpy"]]
   if (is.na(numpy)) {
     return(sprintf("NumPy is not installed in the Python %s %s. %s",
-                   python, where, fix_text))
+                   python, where, fix))
   }
   numpy_version <- numeric_version(numpy, strict = FALSE)
   if (!is.na(numpy_version) && numpy_version >= "2" &&
@@ -148,7 +160,7 @@ diagnose <- function(python, source, versions,
   }
   if (is.na(versions[["tensorflow"]])) {
     return(sprintf("TensorFlow is not installed in the Python %s %s. %s",
-                   python, where, fix_text))
+                   python, where, fix))
   }
   keras <- numeric_version(versions[["keras"]], strict = FALSE)
   if (is.na(versions[["keras"]]) || (!is.na(keras) && keras < "3")) {
@@ -157,22 +169,24 @@ diagnose <- function(python, source, versions,
       python, where,
       if (is.na(versions[["keras"]])) "no Keras" else
         paste("Keras", versions[["keras"]]),
-      fix_text
+      fix
     ))
   }
   if (is.na(versions[["multigpu"]])) {
     return(sprintf(
       "The multigpu Python package is not installed in the Python %s %s. %s",
-      python, where, fix_text
+      python, where, fix
     ))
   }
   if (!identical(versions[["multigpu"]], r_package_version)) {
     return(structure(sprintf(paste(
       "The Python %s %s has the multigpu Python package %s, but this R",
-      "package is multigpu %s: the two must be the same version. Fix: run",
-      "multigpu::install_multigpu() (it installs the Python package this R",
-      "package carries) and restart R."
-    ), python, where, versions[["multigpu"]], r_package_version),
+      "package is multigpu %s: the two must be the same version. %s"
+    ), python, where, versions[["multigpu"]], r_package_version,
+    if (identical(fix, fix_text)) paste(
+      "Fix: run multigpu::install_multigpu() (it installs the Python",
+      "package this R package carries) and restart R."
+    ) else fix),
     class = "multigpu_version_mismatch"))
   }
   NULL
