@@ -138,6 +138,33 @@ def _rows(arrays):
     return counts.pop()
 
 
+def _several_arrays(value):
+    """A list of arrays as a tuple: `from_tensor_slices` would stack a list
+    into one tensor (`[x1, x2]` of 16 rows each became 2 rows)."""
+    if isinstance(value, list) and value and all(
+            isinstance(v, (np.ndarray, tf.Tensor, dict)) for v in value):
+        return tuple(value)
+    return value
+
+
+def _check_not_scalar(name, value):
+    """Refuses a scalar (a number, a string) where arrays of rows belong."""
+    if value is None:
+        return
+    scalars = [v for v in keras.tree.flatten(value) if np.ndim(v) == 0]
+    if scalars:
+        shown = scalars[0]
+        shown = (literal(shown) if isinstance(shown, (str, bool, int, float))
+                 else f"a scalar of type {type(shown).__name__}")
+        raise ValueError(
+            f"Invalid `{name}`: received {shown}, which has no rows; expected "
+            "numpy arrays (or a dict or list of them) with one row per "
+            "example"
+            + (", or a tf.data.Dataset of single examples." if name == "x"
+               else ".")
+        )
+
+
 def _from_arrays(x, y):
     if isinstance(x, tf.data.Dataset):
         if y is not None:
@@ -164,6 +191,9 @@ def _from_arrays(x, y):
             f"Invalid `x`: received {literal(None)}; expected numpy arrays (or a dict or "
             "list of them) or a tf.data.Dataset of single examples."
         )
+    x, y = _several_arrays(x), _several_arrays(y)
+    _check_not_scalar("x", x)
+    _check_not_scalar("y", y)
     arrays = x if y is None else (x, y)
     rows = _rows(arrays)
     if rows == 0:

@@ -219,3 +219,19 @@ def test_executed_ops_and_save_model_name_a_wrong_first_argument(tmp_path):
     with pytest.raises(TypeError, match=r"^Invalid `model`: received an object "
                        r"of type NoneType; expected a keras.Model"):
         multigpu.save_model(None, tmp_path / "m.keras")
+
+
+def test_distributed_dataset_takes_a_list_of_arrays_and_names_a_scalar():
+    x = np.arange(16, dtype="float32").reshape(8, 2)
+    # Before: the list was stacked into one tensor of 2 rows, "Dimensions 2
+    # and 8 are not compatible".
+    dataset = multigpu.distributed_dataset([x, x[:, :1]], x[:, 0], 4)
+    features, targets = next(iter(dataset))
+    assert [f.shape.as_list() for f in features] == [[4, 2], [4, 1]]
+    for kwargs, name, shown in (({"x": "abc", "y": x}, "x", "'abc'"),
+                                ({"x": x, "y": 3}, "y", "3")):
+        # Before: IndexError: tuple index out of range.
+        with pytest.raises(ValueError, match=rf"^Invalid `{name}`: received "
+                           rf"{shown}, which has no rows; expected numpy "
+                           r"arrays"):
+            multigpu.distributed_dataset(per_replica_batch_size=2, **kwargs)
