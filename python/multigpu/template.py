@@ -12,7 +12,7 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import saving
+from multigpu import finite, saving
 from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import setting
 
@@ -179,10 +179,47 @@ class TemplateBacked:
     A subclass provides `template` and `devices`, takes
     `(template, devices, *config_keys[1:])` in its constructor and names its
     config in `config_keys`, each readable as an attribute.
+
+    Training stops on a batch holding NaN or inf (`multigpu.finite`) unless
+    `check_finite` is set to False.
     """
 
     parallelism = "the device placement"
     config_keys = ("devices",)
+    _check_finite = True
+
+    @property
+    def check_finite(self):
+        """Whether `fit` stops on NaN or inf in a batch (default True).
+
+        Each training step checks its inputs, labels and sample weights
+        first and raises `multigpu.finite.NonFiniteInputError`, naming the
+        epoch, the batch and the input, instead of training the weights
+        into NaN. Set it to False to train without the check.
+        """
+        return self._check_finite
+
+    @check_finite.setter
+    def check_finite(self, value):
+        value = finite.check_finite_flag(value)
+        if value != self.check_finite:
+            # The check is traced into the step function: trace it again.
+            self.train_function = None
+        self._check_finite = value
+
+    def train_step(self, data):
+        if not self.check_finite:
+            return super().train_step(data)
+        with finite.checked(data, [layer_name(t) for t in self.inputs],
+                            list(self.output_names)):
+            return super().train_step(data)
+
+    def make_train_function(self, force=False):
+        super().make_train_function(force)
+        if self.train_function is not None and not getattr(
+                self.train_function, "reports_nonfinite", False):
+            self.train_function = finite.reporting(self.train_function, self)
+        return self.train_function
 
     def copy_to_template(self, optimizer_state=False):
         """Copies what this model trained into the template.

@@ -1,0 +1,149 @@
+"""The engines stop training on NaN or inf in a batch, naming where it is."""
+
+import keras
+import numpy as np
+import pytest
+
+import multigpu
+from conftest import DEVICES
+from models import data, mlp
+from multigpu.finite import NonFiniteInputError
+from multigpu.messages import language
+
+pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+
+def _engine_model(template, engine):
+    if engine == "model_parallel":
+        return multigpu.model_parallel(template, DEVICES[:2])
+    return multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+
+
+def _compiled(engine, template=None):
+    model = _engine_model(template or mlp(), engine)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+def _finite(model):
+    return all(np.isfinite(w).all() for w in model.get_weights())
+
+
+@pytest.mark.parametrize("engine, bad", [
+    ("replicate", np.nan), ("mirrored", np.inf), ("model_parallel", np.nan)])
+def test_a_bad_value_in_x_stops_fit_at_its_batch(rng, engine, bad):
+    x, y = data(rng, 48)  # batches of 16: 3 per epoch
+    x[16 + 5, 2] = bad  # epoch 1, batch 2, row 5
+    model = _compiled(engine)
+    with pytest.raises(NonFiniteInputError) as caught:
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    kind = "NaN" if np.isnan(bad) else "inf"
+    message = str(caught.value)
+    assert message.startswith(
+        "Non-finite training data in epoch 1, batch 2 (counted from 1): "
+        f"x has 1 {kind} value in 1 row (row ")
+    row = "row 5 of the batch" if engine != "mirrored" else (
+        "row 1 of replica 2 of 4's share of the batch")  # 4 rows a replica
+    assert row in message
+    assert "set model.check_finite = False" in message
+    assert (caught.value.epoch, caught.value.step) == (0, 1)
+    assert caught.value.inputs == ["x"]
+    assert isinstance(caught.value, ValueError)
+    # The bad batch changed nothing: one step taken, the weights finite.
+    assert model.optimizer.iterations.numpy() == 1
+    assert _finite(model)
+
+
+def test_plain_keras_trains_into_nan_without_a_word(rng):
+    """What the guard prevents: Keras itself trains the weights into NaN."""
+    x, y = data(rng, 32)
+    x[3, 0] = np.nan
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert not _finite(model)
+
+
+def _two_inputs():
+    a = keras.Input((3,), name="a")
+    b = keras.Input((2,), name="b")
+    merged = keras.layers.Concatenate()([a, b])
+    out = keras.layers.Dense(1, name="out")(merged)
+    aux = keras.layers.Dense(1, name="aux")(merged)
+    return keras.Model({"a": a, "b": b}, [out, aux], name="two_inputs")
+
+
+def test_named_inputs_labels_and_sample_weights_are_each_named(rng):
+    rows = 16
+    x = {"a": rng.standard_normal((rows, 3)).astype("float32"),
+         "b": rng.standard_normal((rows, 2)).astype("float32")}
+    y = [rng.standard_normal((rows, 1)).astype("float32") for _ in range(2)]
+    x["b"][9, 1] = np.inf
+    y[1][[2, 4, 6, 8, 10, 12]] = np.nan
+    model = multigpu.multi_gpu_model(_two_inputs(), gpus=DEVICES[:2])
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(NonFiniteInputError) as caught:
+        model.fit(x, y, batch_size=rows, epochs=1, shuffle=False, verbose=0)
+    message = str(caught.value)
+    assert caught.value.inputs == ["x['b']", "y[1] ('aux')"]
+    assert "x['b'] has 1 inf value in 1 row (row 9 of the batch" in message
+    assert ("y[1] ('aux') has 6 NaN values in 6 rows (rows 2, 4, 6, 8, 10, "
+            "... of the batch") in message
+    # The same error in R spelling (the R package renders messages in R).
+    with language("r"), pytest.raises(NonFiniteInputError) as caught:
+        model.fit(x, y, batch_size=rows, epochs=1, shuffle=False, verbose=0)
+    assert caught.value.inputs == ["x$b", 'y[[2]] ("aux")']
+    assert "set model$check_finite <- FALSE" in str(caught.value)
+    weights = rng.random(rows).astype("float32")
+    weights[0] = np.nan
+    x["b"][9, 1], y[1][:] = 0.0, 0.0
+    with pytest.raises(NonFiniteInputError, match=(
+            r"sample_weight\[0\] \('out'\) has 1 NaN")):
+        model.fit(x, y, sample_weight=weights, batch_size=rows, shuffle=False,
+                  verbose=0)
+    assert _finite(model)
+
+
+def test_train_on_batch_is_guarded_too(rng):
+    x, y = data(rng, 8)
+    y[0, 0] = np.nan
+    model = _compiled("replicate")
+    with pytest.raises(NonFiniteInputError, match=(
+            r"^Non-finite training data in a training batch: y has 1 NaN")):
+        model.train_on_batch(x, y)
+    assert _finite(model)
+
+
+def test_check_finite_false_turns_the_guard_off(rng):
+    x, y = data(rng, 16)
+    x[0, 0] = np.nan
+    model = _compiled("replicate")
+    assert model.check_finite is True
+    with pytest.raises(NonFiniteInputError):
+        model.fit(x, y, batch_size=8, verbose=0)
+    model.check_finite = np.bool_(False)
+    model.fit(x, y, batch_size=8, verbose=0)  # trains into NaN, as Keras
+    assert not _finite(model)
+    with pytest.raises(ValueError, match=(
+            r"`check_finite`: received 'no'; expected True or False")):
+        model.check_finite = "no"
+
+
+def test_integer_inputs_and_finite_batches_train_as_before(rng):
+    inputs = keras.Input((4,), dtype="int32", name="tokens")
+    hidden = keras.layers.Flatten()(keras.layers.Embedding(10, 2)(inputs))
+    template = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model = multigpu.multi_gpu_model(template, gpus=DEVICES[:2])
+    model.compile(optimizer="sgd", loss="mse")
+    x = rng.integers(0, 10, (16, 4)).astype("int32")
+    history = model.fit(x, np.ones((16, 1), "float32"), batch_size=8,
+                        epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+
+
+def test_the_guard_cost_benchmark_pairs_guarded_and_unguarded_steps():
+    from bench import guard_cost
+
+    row = guard_cost.measure("demo", DEVICES[:2], "replicate", rounds=3)
+    assert row["on_ms"] > 0 and row["off_ms"] > 0
+    assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    assert "| demo | replicate | 2 |" in guard_cost.markdown([row])
