@@ -5,8 +5,8 @@
 #'
 #' | class | raised when |
 #' | --- | --- |
-#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers) or by the Python core (a Python `ValueError`) |
-#' | `multigpu_type_error` | the Python core received an object of the wrong type (`TypeError`), e.g. `multi_gpu_model()` of something that is not a Keras model |
+#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers, a number in quotes, an `NA` that Python would read as `TRUE`) or by the Python core (a Python `ValueError`) |
+#' | `multigpu_type_error` | an object of the wrong type: R data Keras cannot train on (a factor as inputs, strings as `y`, a data frame with factor or character columns), callbacks that are none, or a Python `TypeError`, e.g. `multi_gpu_model()` of something that is not a Keras model |
 #' | `multigpu_runtime_error` | a Python `RuntimeError`, e.g. `virtual_devices()` called after TensorFlow started |
 #' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem), or a file that `overwrite = FALSE` keeps |
 #' | `multigpu_python_error` | any error raised in Python; also carried by the four above when they come from Python |
