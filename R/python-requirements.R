@@ -318,6 +318,8 @@ provision_python <- function() {
   options(old)
   close(connection)
   if (is.null(error)) return(NULL)
+  # reticulate's first report is the cause; its final error may only be a
+  # consequence.
   provision_problem(paste(c(output, error), collapse = "\n"))
 }
 
@@ -372,5 +374,14 @@ provision_problem <- function(details, uv = find_uv(),
     "reticulate::py_require() for who asked what, remove or change the",
     "conflicting requirement and restart R;", without_uv,
     "\nreticulate said: %s"
-  ), start, uv, requested, trimws(details)), reason = "resolution")
+  ), start, uv, requested, first_error(details)), reason = "resolution")
+}
+
+# The first error line reticulate reported, or the whole text.
+first_error <- function(details) {
+  lines <- trimws(strsplit(details, "\n", fixed = TRUE)[[1]])
+  lines <- lines[nzchar(lines)]
+  errors <- grep("^Error", lines)
+  if (!length(errors)) return(paste(lines, collapse = " "))
+  paste(lines[errors[[1]]:min(errors[[1]] + 1L, length(lines))], collapse = " ")
 }
