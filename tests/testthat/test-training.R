@@ -126,3 +126,23 @@ test_that("evaluate() returns a named list and predict() an R array, as Keras co
   expect_error(evaluate(parallel, iris_x(), iris_y(), steps = -1, verbose = 0),
                "`steps` is negative", class = "multigpu_value_error")
 })
+
+test_that("fit() stops at a batch holding NA or Inf, naming it the R way", {
+  skip_if_no_multigpu()
+  parallel <- compiled_parallel()
+  x <- iris_x()
+  x[60, 2] <- NA  # epoch 1, batch 2 of 50 rows, row 9 (0-based) of it
+  expect_error(
+    fit(parallel, x, iris_y(), batch_size = 50, shuffle = FALSE, verbose = 0),
+    paste0("Non-finite training data in epoch 1, batch 2 (counted from 1): ",
+           "x has 1 NaN value in 1 row (row 9 of the batch"),
+    fixed = TRUE, class = "multigpu_value_error")
+  weights <- parallel$get_weights()
+  expect_true(all(vapply(weights, function(w) all(is.finite(w)), NA)))
+  # The message says how to train without the check, in R.
+  parallel$check_finite <- FALSE
+  x[60, 2] <- Inf
+  fit(parallel, x, iris_y(), batch_size = 50, shuffle = FALSE, verbose = 0)
+  expect_false(all(vapply(parallel$get_weights(),
+                          function(w) all(is.finite(w)), NA)))
+})
