@@ -53,8 +53,8 @@ test_that("the Python core rejects device sets that cannot work, naming what the
                class = "multigpu_value_error")
   expect_error(multi_gpu_model(model, gpus = c("/cpu:0", "/cpu:9")), 'Unknown device(s) list("/cpu:9")',
                fixed = TRUE, class = "multigpu_value_error")
-  expect_error(multi_gpu_model(model, gpus = TRUE), "A value of type bool is not accepted",
-               class = "multigpu_value_error")
+  expect_error(multi_gpu_model(model, gpus = TRUE), "TRUE is neither a device count nor a device set. ",
+               fixed = TRUE, class = "multigpu_value_error")
 })
 
 test_that("NA, NaN, negative and non-whole gpus are rejected in R, naming the argument", {
