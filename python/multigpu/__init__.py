@@ -30,6 +30,7 @@ from multigpu.devices import (
 )
 from multigpu.distributed import fit_distributed
 from multigpu.engines import multi_gpu_model
+from multigpu.finite import NonFiniteInputError
 from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DataParallel",
     "MirroredModel",
+    "NonFiniteInputError",
     "ParallelModel",
     "PartitionedModel",
     "StrategyUsageError",
