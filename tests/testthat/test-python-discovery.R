@@ -21,10 +21,20 @@ test_that("find_python() applies the documented rules in order", {
   dir.create(wd, recursive = TRUE)
   local_no_python_settings(workon)
 
-  # 6. Nothing configured: reticulate decides.
+  # 6-7. Nothing configured: reticulate decides, from py_require()
+  # declarations with reticulate >= 1.41.
+  withr::local_envvar(RETICULATE_USE_MANAGED_VENV = NA)
   choice <- find_python(wd)
   expect_null(choice$python)
-  expect_identical(choice$source, "reticulate's default discovery")
+  if (utils::packageVersion("reticulate") >= "1.41") {
+    expect_true(choice$managed)
+    expect_identical(choice$source, managed_source)
+    withr::with_envvar(c(RETICULATE_USE_MANAGED_VENV = "no"), {
+      expect_identical(find_python(wd)$source, "reticulate's default discovery")
+    })
+  } else {
+    expect_identical(choice$source, "reticulate's default discovery")
+  }
 
   # 5. A .venv in the working directory or a parent.
   dotvenv <- fake_python(file.path(project, ".venv"))
