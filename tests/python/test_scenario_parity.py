@@ -4,6 +4,7 @@
 test-python-numpy1`); `MULTIGPU_SKIP_R=1` skips it."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -51,7 +52,8 @@ def compare_records(python, r):
         in_r = r_error.get("rendered", "r") == "r"
         if r_error["from_python"]:
             expected = p_error["message_r"] if in_r else p_error["message"]
-            assert expected == r_error["message"]
+            assert _process_state_out(expected) == _process_state_out(
+                r_error["message"])
         if in_r:
             assert speaks("r", r_error["message"]), r_error["message"]
     largest, compared = 0.0, 0
@@ -84,6 +86,17 @@ def compare_records(python, r):
                     np.abs(p_array - r_array) / scale)))
                 compared += p_array.size
     return largest, compared
+
+
+# What a refused virtual_devices() finds alive ("still exist (158 tensors,
+# 12 Keras models, ...)") counts the objects of the whole process, in which
+# the Python run of a scenario precedes its R run: that list is left out of
+# the comparison, the rest of the message is compared as it is.
+_ALIVE = re.compile(r"(still exist) \([^)]*\)")
+
+
+def _process_state_out(message):
+    return _ALIVE.sub(r"\1 (...)", message)
 
 
 def _as_list(value):

@@ -36,13 +36,26 @@ def embedded_r_keras3():
     embedded.close()
 
 
+# Scenarios a keras3 user cannot run as written today, and why (package
+# defects, reported; strict: each must fail until it is fixed).
+KERAS3_DEFECTS = {
+    "mlp_weights_round_trip": (
+        "keras3's save_model_weights() calls keras$Model$save_weights(model, "
+        "...), the base class's method, not the parallel model's: the file "
+        "holds the parallel model's variables, not its template's, and "
+        "load_model_weights() into a fresh template finds none ('Layer "
+        "'hidden' expected 2 variables, but received 0')"),
+}
+
 _largest = {}
 # Errors that reached R as reticulate's Python condition (through keras3's
 # methods) rather than as multigpu's classed condition, by scenario.
 _python_worded = {}
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
+@pytest.mark.parametrize("scenario", [
+    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KERAS3_DEFECTS[n]))
+    if n in KERAS3_DEFECTS else s for s, n in zip(SCENARIOS, IDS)], ids=IDS)
 def test_parity_keras3(scenario, embedded_r_keras3, tmp_path_factory):
     python = python_record(scenario, tmp_path_factory)
     r = embedded_r_keras3.run(SCENARIO_DIR / f"{scenario['name']}.json",
