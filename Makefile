@@ -119,7 +119,7 @@ $(PY_NUMPY2_STAMP): pyproject.toml | setup-r
 demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
-test: test-python test-python-numpy1 test-r bench-quick
+test: test-python test-python-numpy1 test-python-keras3-parity test-r bench-quick
 
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.
@@ -140,6 +140,14 @@ test-python: setup-numpy2 slurm-up
 
 test-python-numpy1: setup-test
 	$(PY) -m pytest -q $(NUMPY1_TESTS)
+
+# The shared scenarios through the keras3 R API (keras3's methods and
+# constructors, tfdatasets), compared with their Python run: R embedded in a
+# NumPy-2 pytest process of its own (keras3 changes S3 dispatch for the whole
+# R session), on the current R stack.
+test-python-keras3-parity: setup-numpy2 setup-r-current
+	R_LIBS=$(R_CURRENT_LIB) $(PY_NUMPY2) -m pytest -q \
+	  tests/python/test_scenario_parity_keras3.py
 
 test-r: setup-test slurm-up
 	bash .ci/r-check.sh
