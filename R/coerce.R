@@ -419,6 +419,21 @@ as_class_weight <- function(class_weight, arg = "class_weight",
                       as.list(as.numeric(unlist(class_weight))))
 }
 
+#' `custom_objects`: NULL, a Python dict, or a list named by the names
+#' the saved model uses (Python's 'float' object is not a mapping, else).
+#' @noRd
+as_custom_objects <- function(x, arg = "custom_objects", call = caller_call()) {
+  if (is.null(x) || inherits(x, "python.builtin.object")) return(x)
+  named <- !is.null(names(x)) && all(nzchar(names(x))) && !anyNA(names(x))
+  if (!is.list(x) || !named) {
+    multigpu_abort(sprintf(
+      "`%s` must be NULL or a list named by the names the saved model uses, e.g. list(MyLayer = MyLayer); received %s.",
+      arg, describe(x)
+    ), class = "multigpu_type_error", call = call)
+  }
+  x
+}
+
 #' A fraction in [0, 1), as a double.
 #' @noRd
 as_fraction <- function(x, arg = deparse(substitute(x)), call = caller_call()) {

@@ -68,7 +68,8 @@ save_model_weights_hdf5 <- function(object, filepath, overwrite = TRUE) {
 #' @rdname save_model_hdf5
 #' @export
 load_model_hdf5 <- function(filepath, custom_objects = NULL, compile = TRUE) {
-  call_core("load_model", as_path(filepath), custom_objects = custom_objects,
+  call_core("load_model", as_path(filepath),
+            custom_objects = as_custom_objects(custom_objects),
             compile = as_flag(compile))
 }
 

@@ -212,6 +212,17 @@ test_that("as_class_weight() refuses NA, infinite and negative weights", {
   }
 })
 
+test_that("as_custom_objects() wants a named list", {
+  expect_null(as_custom_objects(NULL))
+  layers <- list(Scale = "a class")
+  expect_identical(as_custom_objects(layers), layers)
+  for (custom_objects in list(1, list(1), c(Scale = "x"))) {
+    expect_error(as_custom_objects(custom_objects),
+                 "^`custom_objects` must be NULL or a list named by the names the saved model uses",
+                 class = "multigpu_type_error")
+  }
+})
+
 test_that("as_string() reads a factor as its label", {
   engine <- factor("mirrored")
   expect_identical(as_string(engine), "mirrored")
