@@ -92,10 +92,14 @@ stopifnot(config$available, grepl("py_require", config$source),
           identical(config$versions[["multigpu"]],
                     as.character(utils::packageVersion("multigpu"))))
 # One distribution of TensorFlow in the environment, never two.
-metadata <- reticulate::import("importlib.metadata")
-names <- tolower(vapply(reticulate::iterate(metadata$distributions()),
-                        function(d) d$metadata$get("Name"), ""))
-tensorflows <- intersect(names, c("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos"))
+reticulate::py_run_string(paste(
+  "import importlib.metadata as m",
+  "def installed(name):",
+  "    try: return bool(m.version(name))",
+  "    except m.PackageNotFoundError: return False",
+  "found = [n for n in (\"tensorflow\", \"tensorflow-cpu\", \"tensorflow-intel\", \"tensorflow-macos\") if installed(n)]",
+  sep = "\n"))
+tensorflows <- unlist(reticulate::py$found)
 cat("TensorFlow distributions:", tensorflows, "\n")
 stopifnot(length(tensorflows) == 1)
 cat("zero set-up: OK\n")
