@@ -187,8 +187,14 @@ def worker(n, workloads, engines, rounds):
     import warnings
 
     warnings.simplefilter("ignore", UserWarning)
-    return [measure(workload, devices, engine, rounds)
-            for workload in workloads for engine in engines]
+    rows = []
+    for workload in workloads:
+        for engine in engines:
+            rows.append(measure(workload, devices, engine, rounds))
+            # Progress on stderr; the rows go to stdout at the end.
+            print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr,
+                  flush=True)
+    return rows
 
 
 def markdown(rows):
@@ -234,13 +240,11 @@ def main(argv=None):
             [sys.executable, "-m", "bench.guard_cost", "--worker", str(n),
              "--workloads", ",".join(workloads), "--engines",
              ",".join(engines), "--rounds", str(args.rounds)],
-            capture_output=True, text=True, check=False,
+            stdout=subprocess.PIPE, text=True, check=False,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         if done.returncode:
-            sys.stderr.write(done.stderr[-3000:])
             raise SystemExit(f"guard_cost worker on {n} devices failed")
         rows += json.loads(done.stdout.strip().splitlines()[-1])
-        print(markdown(rows).rstrip(), flush=True)
     report.write_results(
         args.output, {"rows": rows, "load_1min_before": load_before,
                       "load_1min_after": os.getloadavg()[0]},
