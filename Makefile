@@ -7,16 +7,15 @@ SHELL := /bin/bash
 PYTHON_BOOT ?= python3
 # Two Python environments, one per NumPy major version (the core supports
 # both; every version requirement is in pyproject.toml):
-#   .venv         NumPy 1, with the numpy1 extra: the R package's (Debian's
-#                 reticulate 1.28 cannot use NumPy 2), the demo's and the
-#                 benchmarks'. Runs R CMD check and the scenarios' R parity
-#                 check (which runs every scenario in Python too: build, fit,
+#   .venv         NumPy 1, with the numpy1 extra: for the R package on
+#                 Debian's reticulate 1.28 (reticulate < 1.38 cannot use
+#                 NumPy 2): its testthat run, the scenarios' R parity check
+#                 (which runs every scenario in Python too: build, fit,
 #                 predict, save and reload under NumPy 1), plus the data and
-#                 message tests.
+#                 message tests; also the demo's and the benchmarks'.
 #   .venv-numpy2  NumPy 2, as Python users install it: the whole Python
-#                 suite except the R parity check (R cannot run there).
-# Both together cost about what one full run did: the scenarios, the
-# suite's largest part, still run once in each language.
+#                 suite except the R parity check, and the R package on the
+#                 current R stack (R CMD check, the documentation site).
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
@@ -31,9 +30,13 @@ PY_NUMPY2_STAMP := $(NUMPY2_VENV)/.installed-test
 PY_DOCS := $(PY_NUMPY2)
 PY_DOCS_STAMP := $(NUMPY2_VENV)/.installed-docs
 SITE := out/site
-NUMPY1_TESTS := tests/python/test_scenario_parity.py::test_parity \
-	tests/python/test_scenario_parity.py::test_parity_summary \
-	tests/python/test_data.py tests/python/test_messages.py
+NUMPY1_TESTS := tests/python/test_data.py tests/python/test_messages.py
+# The scenarios' plain-R parity on Debian's R stack, outside `make test`
+# for CI's time: the keras3 parity (test-python-keras3-parity) compares the
+# same scenarios with Python through the R API as users run it today, and
+# testthat on Debian's stack still runs every scenario in R.
+NUMPY1_PARITY_TESTS := tests/python/test_scenario_parity.py::test_parity \
+	tests/python/test_scenario_parity.py::test_parity_summary
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # TensorFlow's C++ start-up chatter; errors still print.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
@@ -52,7 +55,8 @@ R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 # installed: Debian's npm conflicts with a Node.js the machine already has
 # from elsewhere (NodeSource's nodejs ships its own npm).
 
-.PHONY: demo test test-python test-python-numpy1 test-r bench bench-quick \
+.PHONY: demo test test-python test-python-numpy1 test-python-numpy1-parity \
+	test-python-keras3-parity test-r bench bench-quick \
 	setup setup-python setup-test setup-numpy2 setup-r setup-r-current slurm-up lint \
 	docs setup-docs setup-docs-debs
 
@@ -141,6 +145,9 @@ test-python: setup-numpy2 slurm-up
 test-python-numpy1: setup-test
 	$(PY) -m pytest -q $(NUMPY1_TESTS)
 
+test-python-numpy1-parity: setup-test
+	$(PY) -m pytest -q $(NUMPY1_PARITY_TESTS)
+
 # The shared scenarios through the keras3 R API (keras3's methods and
 # constructors, tfdatasets), compared with their Python run: R embedded in a
 # NumPy-2 pytest process of its own (keras3 changes S3 dispatch for the whole
@@ -149,8 +156,17 @@ test-python-keras3-parity: setup-numpy2 setup-r-current
 	R_LIBS=$(R_CURRENT_LIB) $(PY_NUMPY2) -m pytest -q \
 	  tests/python/test_scenario_parity_keras3.py
 
-test-r: setup-test slurm-up
-	bash .ci/r-check.sh
+# The R package on both R stacks it supports: R CMD check (with testthat)
+# on the current one (.r-current: reticulate 1.46, keras3, tensorflow,
+# tfdatasets; NumPy 2), the zero-set-up path (a fresh environment through
+# py_require() and uv), then testthat on Debian's (reticulate 1.28, NumPy 1,
+# no keras3).
+test-r: setup-test setup-numpy2 setup-r-current slurm-up
+	R_LIBS=$(R_CURRENT_LIB) RETICULATE_PYTHON=$(CURDIR)/$(PY_NUMPY2) \
+	  bash .ci/r-check.sh
+	PATH=$(CURDIR)/$(NUMPY2_VENV)/bin:$$PATH \
+	  bash .ci/r-zero-setup-test.sh $$(ls out/r-check/multigpu_*.tar.gz)
+	bash .ci/r-test-oldest.sh
 
 # The Slurm tests (srun -n2) need a single-node Slurm on this machine:
 # .ci/slurm-up.sh installs Debian's slurm-wlm and munge and starts them (as
@@ -188,15 +204,15 @@ setup-docs-debs: setup-r
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from
 # the docstrings, the benchmarks) into out/site and, at the same time,
-# pkgdown's R reference and articles (with .venv, the R package's NumPy-1
-# Python) into out/pkgdown, moved to out/site/r; then the checks: every
+# pkgdown's R reference and articles (on the current R stack, keras3 with
+# NumPy 2) into out/pkgdown, moved to out/site/r; then the checks: every
 # link and image, every public name documented, no R example failed, and
 # four pages in headless Chromium without console errors.
-docs: setup-docs setup-python
+docs: setup-docs setup-python setup-r-current
 	rm -rf $(SITE) out/pkgdown
 	bash .ci/docs-assets.sh out/docs-assets
 	@echo "pkgdown: building the R pages in the background (log: out/pkgdown.log)"
-	@RETICULATE_PYTHON=$(CURDIR)/$(PY) Rscript -e \
+	@R_LIBS=$(R_CURRENT_LIB) RETICULATE_PYTHON=$(CURDIR)/$(PY_NUMPY2) Rscript -e \
 	  'options(pkgdown.internet = FALSE); pkgdown::build_site(preview = FALSE)' \
 	  > out/pkgdown.log 2>&1 & pkgdown=$$!; \
 	NO_MKDOCS_2_WARNING=1 $(PY_DOCS) -m mkdocs build --strict; mkdocs=$$?; \
