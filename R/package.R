@@ -86,5 +86,8 @@ use_tensorflow_evaluate <- function(ns = topenv(parent.frame())) {
   registerS3method("evaluate", "keras.src.trainers.trainer.Trainer",
                    evaluate.keras.src.trainers.trainer.Trainer,
                    envir = asNamespace("tensorflow"))
+  registerS3method("evaluate", "multigpu.template.TemplateBacked",
+                   evaluate.multigpu.template.TemplateBacked,
+                   envir = asNamespace("tensorflow"))
   invisible(TRUE)
 }

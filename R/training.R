@@ -222,3 +222,30 @@ predict.keras.src.trainers.trainer.Trainer <- function(
   )
   call_method(object, "predict", args)
 }
+
+# multigpu's own models, whoever trains them: keras3's methods when keras3 is
+# loaded (registered for `keras.src.models.model.Model`, found next), else
+# the methods above. The model's Python class comes first in its class
+# vector, so these run first and only wrap the next method in the bridge:
+# the core's errors and warnings reach R as classed conditions, in R
+# spelling, under keras3's methods too.
+
+#' @exportS3Method compile multigpu.template.TemplateBacked
+compile.multigpu.template.TemplateBacked <- function(object, ...) {
+  with_python(NextMethod())
+}
+
+#' @exportS3Method fit multigpu.template.TemplateBacked
+fit.multigpu.template.TemplateBacked <- function(object, ...) {
+  with_python(NextMethod())
+}
+
+#' @exportS3Method evaluate multigpu.template.TemplateBacked
+evaluate.multigpu.template.TemplateBacked <- function(object, ...) {
+  with_python(NextMethod())
+}
+
+#' @exportS3Method predict multigpu.template.TemplateBacked
+predict.multigpu.template.TemplateBacked <- function(object, ...) {
+  with_python(NextMethod())
+}

@@ -6,7 +6,7 @@ The engines' `train_step` checks every floating-point tensor of the batch
 for NaN and inf before the forward pass (`multigpu.finite`). For each
 workload of `bench/models.py`, engine and device count, one process (its
 logical CPU devices fixed at start) builds the same template twice with the
-same weights, one model with the guard (`check_finite=True`, the default)
+same weights, one model with the guard (`check_finite=True`)
 and one without (`check_finite=False`), and times their steps side by side:
 
 * **paired steps**: one training step of each model in turn (`train_function`

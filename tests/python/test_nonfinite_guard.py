@@ -14,8 +14,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
 def _engine_model(template, engine):
     if engine == "model_parallel":
-        return multigpu.model_parallel(template, DEVICES[:2])
-    return multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+        model = multigpu.model_parallel(template, DEVICES[:2])
+    else:
+        model = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+    assert model.check_finite is False  # the default, for now
+    model.check_finite = True
+    return model
 
 
 def _compiled(engine, template=None):
@@ -80,6 +84,7 @@ def test_named_inputs_labels_and_sample_weights_are_each_named(rng):
     x["b"][9, 1] = np.inf
     y[1][[2, 4, 6, 8, 10, 12]] = np.nan
     model = multigpu.multi_gpu_model(_two_inputs(), gpus=DEVICES[:2])
+    model.check_finite = True
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(NonFiniteInputError) as caught:
         model.fit(x, y, batch_size=rows, epochs=1, shuffle=False, verbose=0)
@@ -133,6 +138,7 @@ def test_integer_inputs_and_finite_batches_train_as_before(rng):
     hidden = keras.layers.Flatten()(keras.layers.Embedding(10, 2)(inputs))
     template = keras.Model(inputs, keras.layers.Dense(1)(hidden))
     model = multigpu.multi_gpu_model(template, gpus=DEVICES[:2])
+    model.check_finite = True
     model.compile(optimizer="sgd", loss="mse")
     x = rng.integers(0, 10, (16, 4)).astype("int32")
     history = model.fit(x, np.ones((16, 1), "float32"), batch_size=8,
