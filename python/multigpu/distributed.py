@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import inputs, internals
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int
 from multigpu.messages import api, literal, setting
@@ -270,6 +270,7 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     initial_epoch = check_int("initial_epoch", initial_epoch, 0)
     strategy = _check_strategy(model, strategy)
     _check_variables(model, strategy)
+    inputs.check_batched("dataset", dataset, model)
     data, steps = _distribute(dataset, strategy)
     _build(model, strategy, dataset)
     if verbose == "auto":

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import scaling
+from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_flag
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
@@ -149,6 +150,7 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     """
     _check_not_parallel(model)
     callable_graph(model)
+    strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
     check_engine(engine, cpu_merge)

@@ -152,3 +152,11 @@ def adapter_shuffles(adapter):
 def adapter_dataset(adapter):
     """The `tf.data.Dataset` a Keras data adapter reads, or None."""
     return getattr(adapter, "_dataset", None)
+
+
+def validates_for_fit(evaluate_arguments):
+    """Whether an `evaluate` call is Keras's `fit` validating (by name).
+
+    `fit` runs its validation as `evaluate(..., _use_cached_eval_dataset=True)`.
+    """
+    return bool(evaluate_arguments.get("_use_cached_eval_dataset"))

@@ -13,6 +13,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int, is_int
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import layer_name, named_like, symbolic_graph
@@ -274,6 +275,7 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     >>> partitioned.save("model.keras")   # a plain Keras model
     """
     symbolic_graph(model)
+    strategy_lib.check_outside_strategies("model_parallel")
     microbatches = check_int("microbatches", microbatches, 1, expected=(
         "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "
         "that overlap across stages)"))

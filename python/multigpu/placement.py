@@ -14,7 +14,7 @@ import tempfile
 import tensorflow as tf
 from tensorflow.python.eager import context
 
-from multigpu import communication
+from multigpu import communication, inputs
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
 from multigpu.devices import short_device_name
@@ -596,6 +596,8 @@ def _check_report_args(model, x, y, print_table):
             f"Invalid `x`: received {literal(None)} with targets `y`; a training step "
             "needs inputs. Pass x (and y) for one batch."
         )
+    if x is not None:
+        inputs.check_rows("x", x, "placement_report")
     check_flag("print_table", print_table)
 
 

@@ -65,7 +65,7 @@ _OUTSIDE_SCOPE = (
     "Training inside `strategy.scope()` failed because some variables are "
     "ordinary variables instead of mirrored ones: the model (or its "
     "optimizer) was created outside the strategy's scope and trained inside "
-    "it. TensorFlow only reports a bare AssertionError for this. Fix: create "
+    "it. {reported} Fix: create "
     "the model AND compile it inside `with strategy.scope():` (the model's "
     "build function, `keras.models.load_model` and `compile` all belong "
     "there); or keep the model you have and call "
@@ -88,6 +88,45 @@ _FOREIGN_OPTIMIZER = (
     "must also be built under the strategy's scope. Fix: create a new "
     "optimizer (or pass its name, e.g. {optimizer_setting}) when you compile the "
     "model inside `with strategy.scope():`."
+)
+
+
+_MIXED = (
+    "Two tf.distribute strategies were mixed ({original}). A model's "
+    "variables, its optimizer and the scope open while it is compiled and "
+    "trained must all belong to one strategy. This happens when a model "
+    "built under one strategy's scope is compiled or trained under "
+    "another's; when its optimizer was created under another strategy's "
+    "scope; or when one strategy's scope is opened inside another's (a "
+    "model from {mirrored_call} opens its own strategy's scope in compile() "
+    "and fit(): call them outside any other). Fix: create, compile and "
+    "train the model under the scope of the one strategy you train with "
+    "({strategy_call} returns the same strategy for the same devices); to "
+    "train a model on other devices, build it outside any strategy scope "
+    "and pass it to {spread_call}."
+)
+_SPREAD_IN_SCOPE = (
+    "{call} was called inside `strategy.scope()` of a {strategy}, but the "
+    "model it returns spreads its work over its devices itself: under a "
+    "tf.distribute strategy its training step fails (TensorFlow reports "
+    "`merge_call` called while defining a new graph, or that strategies "
+    "were mixed). Fix: call {call}, and the returned model's compile(), "
+    "fit(), evaluate() and predict(), outside any `with strategy.scope():` "
+    "block."
+)
+_MIRRORED_TEMPLATE = (
+    "Invalid `model`: {name} was built inside `strategy.scope()` (its "
+    "variables, e.g. {paths}, are mirrored by a {strategy}), but {call} "
+    "spreads a model over devices itself and cannot take variables that a "
+    "strategy mirrors: training would fail in fit(). Fix: build the model "
+    "outside any strategy scope and pass that to {call}; or train this "
+    "model with its strategy (model.fit under the strategy, or {fit_call}) "
+    "without {call}."
+)
+_METHOD_IN_SCOPE = (
+    "{method}() was called inside `strategy.scope()` of a {strategy}, but "
+    "{name} {own}, and under {other} its training step fails. Fix: call "
+    "{method}() outside the `with strategy.scope():` block."
 )
 
 
@@ -121,13 +160,81 @@ def _frame_names(traceback):
     return names
 
 
+def _line_with(message, text):
+    """The line of `message` holding `text`, stripped."""
+    return next(line.strip() for line in message.splitlines() if text in line)
+
+
+def _strategy_name(strategy):
+    return type(strategy).__name__
+
+
+def check_outside_strategies(call, model=None):
+    """Refuses to spread a model over devices under a strategy, or one it mirrors.
+
+    `multi_gpu_model` and `model_parallel` place the work of the model they
+    return on its devices themselves. Made inside a strategy's scope, the
+    model records that strategy and its training step fails in `fit`
+    (`merge_call called while defining a new graph`); a template whose
+    variables a strategy mirrors fails there too.
+
+    Args:
+        call: The function's name, e.g. `"multi_gpu_model"`.
+        model: The template, whose variables must not be mirrored; None to
+            check the open scope only.
+
+    Raises:
+        StrategyUsageError: naming the strategy and the fix.
+    """
+    if tf.distribute.has_strategy():
+        raise StrategyUsageError(_SPREAD_IN_SCOPE.format(
+            call=api(call), strategy=_strategy_name(tf.distribute.get_strategy())))
+    if model is None:
+        return
+    mirrored = [(v.path, v.value) for v in model.weights
+                if isinstance(v.value, tf.distribute.DistributedValues)]
+    if mirrored:
+        raise StrategyUsageError(_MIRRORED_TEMPLATE.format(
+            name=literal(model.name), paths=literals([p for p, _ in mirrored[:2]], "and"),
+            strategy=_strategy_name(mirrored[0][1].distribute_strategy),
+            call=api(call), fit_call=api("fit_distributed", "model, dataset")))
+
+
+def check_own_scope(model, method):
+    """Refuses `model.<method>()` inside the scope of a strategy not its own.
+
+    Args:
+        model: A model of this package; the mirrored engine's has its own
+            strategy (`model.strategy`), the others none.
+        method: The method's name, for the message.
+
+    Raises:
+        StrategyUsageError: if another strategy's scope is open.
+    """
+    if not tf.distribute.has_strategy():
+        return
+    current = tf.distribute.get_strategy()
+    own = getattr(model, "strategy", None)
+    if current is own:
+        return
+    raise StrategyUsageError(_METHOD_IN_SCOPE.format(
+        method=method, strategy=_strategy_name(current),
+        name=literal(model.name),
+        own="spreads its work over its devices itself, without a "
+        "tf.distribute strategy" if own is None
+        else f"trains under a strategy of its own, {own!r}",
+        other="a strategy" if own is None else "another"))
+
+
 def explain_error(error):
     """Returns a `StrategyUsageError` explaining `error`, or None.
 
     Recognises the failures users hit when the strategy's scope is used
-    wrongly: variables created outside the scope and updated inside it, a
-    mirrored variable used outside a replica context, and an optimizer built
-    for other variables.
+    wrongly: variables created outside the scope and updated inside it (a
+    bare AssertionError, or `colocate_vars_with` refusing them), a mirrored
+    variable used outside a replica context, an optimizer built for other
+    variables, and two strategies mixed (a model, its optimizer or an open
+    scope of another strategy).
 
     Args:
         error: An exception raised while running code under a strategy.
@@ -139,11 +246,24 @@ def explain_error(error):
     if isinstance(error, StrategyUsageError):
         return None
     message = str(error)
+    mirror_call = api("multi_gpu_model", "model, " + setting("engine", "mirrored"))
     if isinstance(error, AssertionError) and not message.strip() and any(
         "update" in name for name in _frame_names(error.__traceback__)
     ):
-        return StrategyUsageError(_OUTSIDE_SCOPE.format(mirror_call=api("multi_gpu_model", "model, " + setting("engine", "mirrored"))))
+        return StrategyUsageError(_OUTSIDE_SCOPE.format(
+            reported="TensorFlow only reports a bare AssertionError for this.",
+            mirror_call=mirror_call))
     first_line = message.strip().splitlines()[-1] if message.strip() else ""
+    if isinstance(error, ValueError) and "`colocate_vars_with` must only" in message:
+        return StrategyUsageError(_OUTSIDE_SCOPE.format(
+            reported=f"TensorFlow reports: {_line_with(message, 'colocate_vars_with')}",
+            mirror_call=mirror_call))
+    if isinstance(error, RuntimeError) and "Mixing different tf.distribute" in message:
+        return StrategyUsageError(_MIXED.format(
+            original=_line_with(message, "Mixing different"),
+            mirrored_call=mirror_call,
+            strategy_call=api("mirrored_strategy", "devices"),
+            spread_call=api("multi_gpu_model", "model, gpus")))
     if "handle is not available outside the replica context" in message:
         return StrategyUsageError(_REPLICA_CONTEXT.format(original=first_line, fit_call=api("fit_distributed", "model, dataset")))
     if isinstance(error, ValueError) and "Unknown variable" in message and (
@@ -161,7 +281,13 @@ class _ExplainingScope:
         self._scope = scope
 
     def __enter__(self):
-        return self._scope.__enter__()
+        try:
+            return self._scope.__enter__()
+        except Exception as error:
+            explained = explain_error(error)
+            if explained is None:
+                raise
+            raise explained from error
 
     def __exit__(self, error_type, error, traceback):
         suppressed = self._scope.__exit__(error_type, error, traceback)
@@ -188,7 +314,13 @@ class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
     def __init__(self, devices, cross_device_ops=None, collective_key_base=0):
         # MirroredExtended reads the key base from the strategy object.
         self._collective_key_base = collective_key_base
+        self._device_names = tuple(devices)
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
+
+    def __repr__(self):
+        # TensorFlow's "Mixing different tf.distribute.Strategy objects: A
+        # is not B" then says which strategies were mixed.
+        return f"{type(self).__name__}(devices={list(self._device_names)})"
 
     def scope(self):
         return _ExplainingScope(super().scope())
@@ -367,10 +499,18 @@ def multi_worker_strategy():
     with _lock:
         if _multi_worker:
             return _multi_worker[0]
-        _restart_for_collective_ops()
         resolver = cluster_lib.cluster_resolver()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver)
+        try:
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver)
+        except RuntimeError as error:
+            # Several workers need collective ops, configured only before
+            # TensorFlow starts (R's keras3 starts it when Keras loads).
+            if "configured at program startup" not in str(error):
+                raise
+            _restart_for_collective_ops()
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver)
         # A barrier: returns once every worker is up and connected.
         strategy.reduce(
             tf.distribute.ReduceOp.SUM,

@@ -12,7 +12,8 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import finite, saving
+from multigpu import finite, inputs, saving
+from multigpu import strategy as strategy_lib
 from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import setting
 
@@ -186,16 +187,19 @@ class TemplateBacked:
 
     parallelism = "the device placement"
     config_keys = ("devices",)
-    _check_finite = True
+    _check_finite = False
 
     @property
     def check_finite(self):
-        """Whether `fit` stops on NaN or inf in a batch (default True).
+        """Whether `fit` stops on NaN or inf in a batch (default False).
 
-        Each training step checks its inputs, labels and sample weights
-        first and raises `multigpu.finite.NonFiniteInputError`, naming the
-        epoch, the batch and the input, instead of training the weights
-        into NaN. Set it to False to train without the check.
+        Set it to True and each training step checks its inputs, labels and
+        sample weights first and raises
+        `multigpu.finite.NonFiniteInputError`, naming the epoch, the batch
+        and the input, instead of training the weights into NaN. Off by
+        default for now: with it on, the replicate engine fails on a batch
+        of fewer rows than devices (a TensorFlow `OptionalGetValue` shape
+        error), which the check's control dependencies cause.
         """
         return self._check_finite
 
@@ -235,6 +239,28 @@ class TemplateBacked:
     def copy_from_template(self):
         """Copies the template's weights into this model (here: shared)."""
 
+    # `fit`, `evaluate`, `predict` and the `*_on_batch` steps that train or
+    # evaluate: Keras's, with the data checked first (`multigpu.inputs`).
+
+    def fit(self, *args, **kwargs):
+        return inputs.checked_call(self, "fit", super().fit, args, kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        return inputs.checked_call(self, "evaluate", super().evaluate, args,
+                                   kwargs)
+
+    def predict(self, *args, **kwargs):
+        return inputs.checked_call(self, "predict", super().predict, args,
+                                   kwargs)
+
+    def train_on_batch(self, *args, **kwargs):
+        return inputs.checked_call(self, "train_on_batch",
+                                   super().train_on_batch, args, kwargs)
+
+    def test_on_batch(self, *args, **kwargs):
+        return inputs.checked_call(self, "test_on_batch",
+                                   super().test_on_batch, args, kwargs)
+
     def compile(self, *args, jit_compile=False, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
 
@@ -246,6 +272,7 @@ class TemplateBacked:
         this model. `jit_compile` is always False: XLA would compile the step
         into one cluster on one device.
         """
+        strategy_lib.check_own_scope(self, "compile")
         warn_if_jit_compile(jit_compile, self.parallelism)
         super().compile(*args, jit_compile=False, **kwargs)
         arguments = inspect.signature(keras.Model.compile).bind(

@@ -1,6 +1,7 @@
 """mirrored_strategy: one device resolver, reuse, key ranges, explained errors."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,55 @@ def test_other_errors_pass_through_unchanged():
         with multigpu.mirrored_strategy(2).scope():
             raise KeyError("unrelated")
     assert strategy_lib.explain_error(AssertionError()) is None
+
+
+def test_a_strategy_names_its_devices_so_mixing_errors_say_which():
+    strategy = multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])
+    assert repr(strategy) == ("GuardedMirroredStrategy(devices="
+                              "['/device:CPU:2', '/device:CPU:3'])")
+
+
+@pytest.mark.parametrize("error, match", [
+    (ValueError("`colocate_vars_with` must only be passed a variable "
+                "created in this tf.distribute.Strategy.scope(), not: <v>"),
+     r"created outside the strategy's scope.*TensorFlow reports: "
+     r"`colocate_vars_with` must only be passed"),
+    (RuntimeError("Mixing different tf.distribute.Strategy objects: A is "
+                  "not B"),
+     r"^Two tf\.distribute strategies were mixed \(Mixing different "
+     r"tf\.distribute\.Strategy objects: A is not B\)\..*"
+     r"multigpu\.mirrored_strategy\(devices\) returns the same strategy"),
+])
+def test_scope_mistakes_tensorflow_reports_are_explained(error, match):
+    explained = strategy_lib.explain_error(error)
+    assert isinstance(explained, multigpu.StrategyUsageError)
+    assert re.search(match, str(explained))
+
+
+def test_an_explained_error_keeps_tensorflows_as_its_cause():
+    first = multigpu.mirrored_strategy(2)
+    second = multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])
+    with pytest.raises(multigpu.StrategyUsageError) as raised:
+        with first.scope(), second.scope():
+            pass
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert "Mixing different" in str(raised.value.__cause__)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_mirrored_engine_model_trains_inside_its_own_strategys_scope(rng):
+    parallel = multigpu.multi_gpu_model(mlp(), 2, engine="mirrored")
+    with parallel.strategy.scope():
+        parallel.compile(optimizer="sgd", loss="mse")
+        history = parallel.fit(*data(rng, 16), batch_size=8, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_a_model_parallel_copy_of_a_strategy_built_model_is_allowed(rng):
+    # model_parallel places a copy of the weights: mirrored ones copy too.
+    with multigpu.mirrored_strategy(2).scope():
+        template = mlp()
+    partitioned = multigpu.model_parallel(template, 2)
+    partitioned.compile(optimizer="sgd", loss="mse")
+    history = partitioned.fit(*data(rng, 16), batch_size=8, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
