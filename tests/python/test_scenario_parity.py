@@ -126,13 +126,30 @@ def test_parity_summary(capsys):
     each kind ran in both languages and the largest difference seen."""
     if not _largest:
         pytest.skip("no parity test ran")
-    name = max(_largest, key=_largest.get)
-    invalid = sum(error_step(s) is not None for s in SCENARIOS
-                  if s["name"] in _largest)
-    line = (f"scenario parity: {len(_largest)} scenarios in Python and R "
-            f"({len(_largest) - invalid} valid, {invalid} invalid-input); "
-            f"largest difference {_largest[name]:.3g}"
-            f"{f' ({name})' if _largest[name] else ' (bitwise identical)'}")
+    line, largest = parity_summary(_largest, "scenario parity", "R")
     with capsys.disabled():
         print(f"\n{line}")
-    assert _largest[name] <= PARITY_TOLERANCE
+    assert largest <= PARITY_TOLERANCE
+
+
+def parity_summary(largest_by_scenario, title, r_side):
+    """The summary line of a parity run and its largest difference.
+
+    Args:
+        largest_by_scenario: The largest difference of each scenario run.
+        title: What ran, e.g. "scenario parity".
+        r_side: How R ran, e.g. "R" or "R with keras3".
+
+    Returns:
+        `(line, largest)`.
+    """
+    name = max(largest_by_scenario, key=largest_by_scenario.get)
+    largest = largest_by_scenario[name]
+    invalid = sum(error_step(s) is not None for s in SCENARIOS
+                  if s["name"] in largest_by_scenario)
+    count = len(largest_by_scenario)
+    line = (f"{title}: {count} scenarios in Python and {r_side} "
+            f"({count - invalid} valid, {invalid} invalid-input); "
+            f"largest difference {largest:.3g}"
+            f"{f' ({name})' if largest else ' (bitwise identical)'}")
+    return line, largest

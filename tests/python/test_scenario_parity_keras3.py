@@ -21,7 +21,7 @@ import pytest
 from embedded_r import EmbeddedR
 from scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
 from scenario_runner import python_record
-from test_scenario_parity import PARITY_TOLERANCE, compare_records
+from test_scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.r_parity, pytest.mark.r_parity_keras3]
@@ -92,14 +92,9 @@ def test_parity_keras3_summary(capsys):
     each kind ran in both languages and the largest difference seen."""
     if not _largest:
         pytest.skip("no keras3 parity test ran")
-    name = max(_largest, key=_largest.get)
-    invalid = sum(error_step(s) is not None for s in SCENARIOS
-                  if s["name"] in _largest)
-    line = (f"keras3 scenario parity: {len(_largest)} scenarios in Python and "
-            f"R with keras3 ({len(_largest) - invalid} valid, {invalid} "
-            f"invalid-input); largest difference {_largest[name]:.3g}"
-            f"{f' ({name})' if _largest[name] else ' (bitwise identical)'}; "
-            f"errors worded for Python: {sorted(_python_worded) or 'none'}")
+    line, largest = parity_summary(_largest, "keras3 scenario parity",
+                                   "R with keras3")
+    line += f"; errors worded for Python: {sorted(_python_worded) or 'none'}"
     with capsys.disabled():
         print(f"\n{line}")
-    assert _largest[name] <= PARITY_TOLERANCE
+    assert largest <= PARITY_TOLERANCE
