@@ -70,11 +70,6 @@ def test_parity_keras3(scenario, embedded_r_keras3, tmp_path_factory):
         f"R (keras3) and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an invalid input caught by the core inside fit() reaches a keras3 user "
-    "as reticulate's Python error, worded for Python (microbatches=4, "
-    "multigpu.model_parallel(...)): keras3's methods do not pass through "
-    "multigpu's bridge, which asks the core for R wording"))
 def test_keras3_errors_read_in_r():
     """Runs after the parity tests (file order): every error a keras3 user
     met in the scenarios reads in R."""
