@@ -24,6 +24,7 @@ measures both on logical CPU devices.
 import keras
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu import strategy as strategy_lib
 from multigpu.distributed import weighted_by_rows
 from multigpu.forward import flat_forward, with_logits
@@ -240,7 +241,14 @@ class MirroredModel(TemplateBacked, keras.Model):
             self.copy_to_template()
 
     def evaluate(self, *args, **kwargs):
-        self.copy_from_template()
+        """`keras.Model.evaluate` of the template's weights.
+
+        Inside `fit` (its validation) the replicas hold the weights being
+        trained, newer than the template's until the epoch ends: they are
+        evaluated as they are, not overwritten.
+        """
+        if not internals.validates_for_fit(kwargs):
+            self.copy_from_template()
         return super().evaluate(*args, **kwargs)
 
     def predict(self, *args, **kwargs):

@@ -301,3 +301,23 @@ def test_a_replica_with_a_static_share_of_zero_rows_adds_tensors(rng):
     x, y = zoo_batch(template, rng, 9)
     np.testing.assert_allclose(parallel.predict_on_batch(x),
                                template.predict_on_batch(x), atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["replicate", "mirrored"])
+def test_training_with_validation_data_equals_the_template(rng, engine):
+    # fit validates through evaluate(): the replicas' weights of the epoch
+    # being trained must be the ones evaluated and trained on afterwards.
+    template = mlp()
+    reference = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine=engine)
+    for model in (parallel, reference):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x, y = data(rng, 32)
+    x_val, y_val = data(rng, 12)
+    arguments = dict(batch_size=8, epochs=3, shuffle=False, verbose=0,
+                     validation_data=(x_val, y_val))
+    got = parallel.fit(x, y, **arguments).history
+    want = reference.fit(x, y, **arguments).history
+    assert max_weight_difference(template, reference) < 1e-5
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["val_loss"], want["val_loss"], rtol=1e-5)
