@@ -201,8 +201,8 @@ def _adapter_problem(epoch_iterator):
     adapter = getattr(epoch_iterator, "data_adapter", None)
     kind = type(adapter).__name__
     if kind == "ArrayDataAdapter" and internals.adapter_shuffles(adapter):
-        return (f"fit(shuffle={literal(True)}) shuffles arrays without a "
-                f"seed; pass shuffle={literal(False)}, or a dataset made by "
+        return (f"fit({setting('shuffle', True)}) shuffles arrays without "
+                f"a seed; pass {setting('shuffle', False)}, or a dataset made by "
                 f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}")
     if kind in ("GeneratorDataAdapter", "PyDatasetAdapter"):
         return ("a Python generator or PyDataset is replayed only if it "

@@ -397,7 +397,8 @@ def _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
         f"between the {replicas} replicas: each replica averages the loss of "
         "its own rows, so under Keras's model.fit some rows weigh more than "
         "others in that step and the weights differ from single-device "
-        "training on the same batches. Pass drop_remainder=True, or a number "
+        "training on the same batches. Batch with "
+        f"{setting('drop_remainder', True)}, or pass a number "
         "of rows that splits evenly, or train with "
         f"{api('fit_distributed', 'model, data')} or "
         f"{api('multi_gpu_model', 'model')}, which are exact on any batch.",

@@ -69,11 +69,12 @@ def _check_variables(model, strategy):
         )
 
 
-_NO_BATCHES = (
-    "Invalid `dataset`: {where}, so there is nothing to train on; expected "
-    "at least one batch per epoch (check the data's size, filters and "
-    "drop_remainder=True with fewer rows than one global batch)."
-)
+def _no_batches_error(where):
+    return ValueError(
+        f"Invalid `dataset`: {where}, so there is nothing to train on; "
+        "expected at least one batch per epoch (check the data's size, "
+        f"filters and {setting('drop_remainder', True)} with fewer rows "
+        "than one global batch).")
 
 
 def _distribute(dataset, strategy):
@@ -88,7 +89,7 @@ def _distribute(dataset, strategy):
         )
     steps = int(dataset.cardinality())
     if steps == 0:
-        raise ValueError(_NO_BATCHES.format(where="it is empty"))
+        raise _no_batches_error("it is empty")
     steps = steps if steps > 0 else None
     return strategy.experimental_distribute_dataset(dataset), steps
 
@@ -212,8 +213,7 @@ def _run_epochs(model, data, callbacks, epochs, initial_epoch):
             if model.stop_training:
                 break
         if step < 0:
-            raise ValueError(_NO_BATCHES.format(
-                where=f"it yielded no batch in epoch {epoch}"))
+            raise _no_batches_error(f"it yielded no batch in epoch {epoch}")
         callbacks.on_epoch_end(epoch, dict(logs))
         if model.stop_training:
             break

@@ -27,7 +27,7 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int, is_int
-from multigpu.messages import api, current_language, literal, literals
+from multigpu.messages import api, current_language, literal, literals, setting
 
 # What each method would do with no data, after "expected at least one row:".
 _NOTHING = {
@@ -135,8 +135,8 @@ def no_batch_error(name, method):
         f"Invalid `{name}`: the dataset yielded no batch, so "
         f"{'fit' if method == 'validation' else method}() had nothing to "
         f"{_VERB[method]}; expected at least one batch. Check the dataset's "
-        "size and its filters, and drop_remainder=True with fewer rows than "
-        "one batch.")
+        f"size and its filters, and {setting('drop_remainder', True)} with "
+        "fewer rows than one batch.")
 
 
 def check_batch_size(value, name="batch_size"):
@@ -149,13 +149,20 @@ def check_batch_size(value, name="batch_size"):
 
 
 def _ragged_error(name):
+    if current_language() == "r":
+        padding = ("the tensor's to_tensor() method pads with zeros (for "
+                   "sequences, pad_sequences()), and layer_masking() or "
+                   "layer_embedding(mask_zero = TRUE) ignores the padding")
+    else:
+        padding = ("the tensor's to_tensor() method pads with zeros (for "
+                   "sequences, keras.utils.pad_sequences), and a Masking "
+                   "layer or an Embedding with mask_zero=True ignores the "
+                   "padding")
     return ValueError(
         f"Invalid `{name}`: received a tf.RaggedTensor (rows of different "
         "lengths); the engines cut every batch into sub-batches of rows, "
-        "which needs rows of one shape. Pad the rows to one length first: "
-        "the tensor's to_tensor() method pads with zeros (for sequences, "
-        "keras.utils.pad_sequences), and a Masking layer or "
-        "mask_zero=True in an Embedding ignores the padding.")
+        f"which needs rows of one shape. Pad the rows to one length first: "
+        f"{padding}.")
 
 
 def _check_dense(name, value, model):

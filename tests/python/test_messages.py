@@ -56,3 +56,25 @@ def test_setting_writes_an_argument_in_each_language():
     with messages.language("r"):
         assert messages.setting("engine", "mirrored") == 'engine = "mirrored"'
         assert messages.setting("gpus", ["/cpu:0", "/cpu:1"]) == 'gpus = c("/cpu:0", "/cpu:1")'
+
+
+def test_hints_about_data_read_in_each_language():
+    # Hints that name a setting of the user's data pipeline (tf.data's
+    # drop_remainder, fit's shuffle, Keras's padding layers) follow the
+    # caller's language like the values they quote.
+    from multigpu import distributed, inputs
+    from scenario_files import speaks
+
+    def hints():
+        return [str(inputs.no_batch_error("x", "fit")),
+                str(inputs._ragged_error("x")),
+                str(distributed._no_batches_error("it is empty"))]
+
+    python = hints()
+    with messages.language("r"):
+        r = hints()
+    assert all("drop_remainder=True" in h for h in python[::2])
+    assert all("drop_remainder = TRUE" in h for h in r[::2])
+    assert "layer_embedding(mask_zero = TRUE)" in r[1]
+    assert all(speaks("python", h) for h in python)
+    assert all(speaks("r", h) and "=True" not in h for h in r)
