@@ -187,19 +187,17 @@ class TemplateBacked:
 
     parallelism = "the device placement"
     config_keys = ("devices",)
-    _check_finite = False
+    _check_finite = True
 
     @property
     def check_finite(self):
-        """Whether `fit` stops on NaN or inf in a batch (default False).
+        """Whether `fit` stops on NaN or inf in a batch (default True).
 
-        Set it to True and each training step checks its inputs, labels and
-        sample weights first and raises
-        `multigpu.finite.NonFiniteInputError`, naming the epoch, the batch
-        and the input, instead of training the weights into NaN. Off by
-        default for now: with it on, the replicate engine fails on a batch
-        of fewer rows than devices (a TensorFlow `OptionalGetValue` shape
-        error), which the check's control dependencies cause.
+        Each training step checks its inputs, labels and sample weights
+        first and raises `multigpu.finite.NonFiniteInputError`, naming the
+        epoch, the batch and the input, instead of training the weights into
+        NaN; the weights and the optimizer's state keep their values of the
+        step before. Set it to False to train without the check.
         """
         return self._check_finite
 
@@ -213,10 +211,20 @@ class TemplateBacked:
 
     def train_step(self, data):
         if not self.check_finite:
-            return super().train_step(data)
+            return self.engine_train_step(data)
+        # The check wraps the engine's whole step (its split of the batch
+        # included): every op of the step waits for it.
         with finite.checked(data, [layer_name(t) for t in self.inputs],
                             list(self.output_names)):
-            return super().train_step(data)
+            return self.engine_train_step(data)
+
+    def engine_train_step(self, data):
+        """The engine's training step on a batch, after the finite check.
+
+        Keras's `train_step`; engines that split or place the step
+        override this rather than `train_step`.
+        """
+        return super().train_step(data)
 
     def make_train_function(self, force=False):
         super().make_train_function(force)

@@ -17,7 +17,9 @@ def _engine_model(template, engine):
         model = multigpu.model_parallel(template, DEVICES[:2])
     else:
         model = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
-    assert model.check_finite is False  # the default, for now
+    assert model.check_finite is True  # the default
+    model.check_finite = False
+    assert model.check_finite is False
     model.check_finite = True
     return model
 

@@ -130,7 +130,7 @@ test_that("evaluate() returns a named list and predict() an R array, as Keras co
 test_that("fit() stops at a batch holding NA or Inf, naming it the R way", {
   skip_if_no_multigpu()
   parallel <- compiled_parallel()
-  parallel$check_finite <- TRUE
+  expect_true(parallel$check_finite)  # on by default
   x <- iris_x()
   x[60, 2] <- NA  # epoch 1, batch 2 of 50 rows, row 9 (0-based) of it
   expect_error(
