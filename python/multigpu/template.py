@@ -308,8 +308,27 @@ class TemplateBacked:
         return self.template.save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def load_weights(self, filepath, **kwargs):
-        """Loads weights saved from the template (or from this model)."""
-        self.template.load_weights(filepath, **kwargs)
+        """Loads weights saved from the template (or from this model).
+
+        A file this model's `save_weights` wrote holds the template's
+        weights. One written by Keras's own `keras.Model.save_weights(model,
+        ...)` (keras3's `save_model_weights()` in R) holds this model's
+        structure, the template inside it: such a file loads too.
+        """
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.template.load_weights(filepath, **kwargs)
+        except ValueError as error:
+            try:
+                keras.Model.load_weights(self, filepath, **kwargs)
+            except ValueError:
+                raise error from None
+        else:
+            # What the template's load warned, once it is the load that held.
+            for warning in caught:
+                warnings.warn_explicit(warning.message, warning.category,
+                                       warning.filename, warning.lineno)
         self.copy_from_template()
 
     def get_config(self):

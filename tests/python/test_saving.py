@@ -46,6 +46,27 @@ def test_save_weights_round_trip(trained, tmp_path):
                                parallel.predict(x, verbose=0), atol=1e-6)
 
 
+@pytest.mark.parametrize("engine", ["replicate", "mirrored"])
+def test_weights_keras_saves_from_the_parallel_model_load_back(
+        rng, tmp_path, engine):
+    # keras.Model.save_weights(model, ...), as keras3's save_model_weights()
+    # calls it, writes the parallel model's own structure, not the template's.
+    template = mlp()
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine=engine)
+    parallel.compile(optimizer="adam", loss="mse")
+    x, y = data(rng, 16)
+    parallel.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    path = tmp_path / "parallel.weights.h5"
+    keras.Model.save_weights(parallel, path)
+    trained = parallel.predict(x, verbose=0)
+    template.set_weights([np.zeros_like(w) for w in template.get_weights()])
+    parallel.load_weights(path)
+    np.testing.assert_allclose(parallel.predict(x, verbose=0), trained,
+                               atol=1e-6)
+    np.testing.assert_allclose(template.predict(x, verbose=0), trained,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("weights_only", [False, True])
 def test_model_checkpoint_attached_to_the_parallel_model(
         rng, tmp_path, weights_only):

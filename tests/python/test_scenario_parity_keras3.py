@@ -42,9 +42,11 @@ KERAS3_DEFECTS = {
     "mlp_weights_round_trip": (
         "keras3's save_model_weights() calls keras$Model$save_weights(model, "
         "...), the base class's method, not the parallel model's: the file "
-        "holds the parallel model's variables, not its template's, and "
-        "load_model_weights() into a fresh template finds none ('Layer "
-        "'hidden' expected 2 variables, but received 0')"),
+        "holds the parallel model's structure, the template inside it. "
+        "load_model_weights() into the parallel model reads it (multigpu's "
+        "load_weights), but into a fresh template, stock Keras, finds none "
+        "('Layer 'hidden' expected 2 variables, but received 0'): save the "
+        "template's weights instead"),
 }
 
 _largest = {}
