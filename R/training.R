@@ -145,14 +145,15 @@ fit.keras.src.trainers.trainer.Trainer <- function(
 
 #' Evaluate a model
 #'
-#' The `evaluate()` of the generics package, for Keras models when the
-#' keras3 package is not in use. That generic names its first argument `x`,
-#' so here `x` is the model and the test inputs come next: pass them by
-#' position, `model |> evaluate(x_test, y_test)`, or as `data =`.
+#' `evaluate()` for Keras models when the keras3 package is not in use, with
+#' keras3's arguments: `model |> evaluate(x_test, y_test)`. The generic is
+#' tensorflow's (the one keras3 exports) when the tensorflow package is
+#' installed, else that of the generics package, whose first argument is
+#' also called `x`: there pass the test inputs by position.
 #'
-#' @param x A Keras model, compiled.
-#' @param data Test inputs: an R array, a list of arrays, or a dataset.
-#' @param y Test targets, like `data`; `NULL` when `data` is a dataset.
+#' @param object A Keras model, compiled.
+#' @param x Test inputs: an R array, a list of arrays, or a dataset.
+#' @param y Test targets, like `x`; `NULL` when `x` is a dataset.
 #' @param ... Further arguments of Keras `evaluate()`.
 #' @param batch_size Samples per step, a whole number, or `NULL`.
 #' @param verbose As in [fit()][fit.keras.src.trainers.trainer.Trainer].
@@ -173,18 +174,18 @@ fit.keras.src.trainers.trainer.Trainer <- function(
 #' x <- matrix(runif(64), ncol = 4)
 #' model |> evaluate(x, rowSums(x), verbose = 0)
 evaluate.keras.src.trainers.trainer.Trainer <- function(
-    x, data = NULL, y = NULL, ..., batch_size = NULL,
+    object, x = NULL, y = NULL, ..., batch_size = NULL,
     verbose = getOption("keras.verbose", default = "auto"),
     sample_weight = NULL, steps = NULL, callbacks = NULL) {
-  dtype <- input_dtype(x)
+  dtype <- input_dtype(object)
   args <- list(
-    x = as_model_data(data, dtype), y = as_model_data(y, dtype), ...,
+    x = as_model_data(x, dtype), y = as_model_data(y, dtype), ...,
     batch_size = as_count(batch_size), verbose = as_verbose(verbose),
     sample_weight = as_model_data(sample_weight, dtype),
     steps = as_count(steps), callbacks = as_callbacks(callbacks),
     return_dict = TRUE
   )
-  call_method(x, "evaluate", args)
+  call_method(object, "evaluate", args)
 }
 
 #' Predict with a model

@@ -11,6 +11,18 @@ skip_if_no_multigpu <- function() {
   skip(paste("multigpu's Python environment is not usable:", problem))
 }
 
+# Skips when an R package is not installed, without loading it: loading
+# keras3 registers its compile()/fit()/evaluate()/predict() methods, which
+# then come first for every Keras model in this process (testthat's
+# skip_if_not_installed() loads the namespace). Tests that need keras3 run it
+# in R sessions of their own.
+skip_if_not_installed_unloaded <- function(package) {
+  if (!nzchar(system.file(package = package))) {
+    skip(paste0("{", package, "} is not installed"))
+  }
+  invisible(TRUE)
+}
+
 keras_py <- function() reticulate::import("keras")
 
 # A tiny classifier: `inputs` features -> `units` hidden -> `outputs` logits.

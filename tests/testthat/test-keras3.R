@@ -6,8 +6,8 @@
 # Keras model), so each order runs in a fresh R session of its own.
 
 skip_if_no_keras3 <- function() {
-  skip_if_not_installed("keras3")
-  skip_if_not_installed("tfdatasets")
+  skip_if_not_installed_unloaded("keras3")
+  skip_if_not_installed_unloaded("tfdatasets")
 }
 
 attach_in_order <- function(order) {

@@ -182,7 +182,7 @@ test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fi
 })
 
 test_that("srun -n2 Rscript, written with keras3 attached first, trains like one process", {
-  skip_if_not_installed("keras3")
+  skip_if_not_installed_unloaded("keras3")
   skip_if_no_multigpu()
   skip_if_no_slurm()
   withr::local_envvar(MULTIGPU_WORKER_KERAS3 = "true")

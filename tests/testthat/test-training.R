@@ -114,7 +114,11 @@ test_that("evaluate() returns a named list and predict() an R array, as Keras co
   y <- reticulate::np_array(as.integer(iris_y()) - 1L)
   direct <- parallel$evaluate(x32, y, verbose = 0L, return_dict = TRUE)
   expect_equal(scores$loss, direct$loss, tolerance = 1e-6)
-  expect_identical(evaluate(parallel, data = iris_x(), y = iris_y(), verbose = 0), scores)
+  expect_identical(evaluate(parallel, iris_x(), y = iris_y(), verbose = 0), scores)
+  if (nzchar(system.file(package = "tensorflow"))) {
+    # tensorflow's generic, as keras3 users call it: the inputs named x.
+    expect_identical(evaluate(parallel, x = iris_x(), y = iris_y(), verbose = 0), scores)
+  }
 
   predictions <- parallel |> predict(iris_x(1:7), verbose = 0)
   expect_true(is.matrix(predictions))
