@@ -137,10 +137,15 @@ lint: setup-numpy2
 # subprocess start-up); each worker holds its own TensorFlow (about 1 GiB).
 # The NumPy-1 set stays in one process: its parity summary reads what the
 # parity tests before it recorded.
+# The scenarios' Python runs (test_scenario_python.py) are left to
+# test-python-keras3-parity, which runs each of them with the same checks
+# before comparing it with R: `make test` runs them once.
 PYTEST_WORKERS ?= 2
 test-python: setup-numpy2 slurm-up
 	$(PY_NUMPY2) -m pytest -q -m "not slow and not r_parity" --durations=25 \
-	  -n $(PYTEST_WORKERS) --dist worksteal
+	  -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_SKIP_SCENARIOS)
+
+test: PYTEST_SKIP_SCENARIOS = --ignore=tests/python/test_scenario_python.py
 
 test-python-numpy1: setup-test
 	$(PY) -m pytest -q $(NUMPY1_TESTS)
