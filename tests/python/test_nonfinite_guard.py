@@ -18,9 +18,6 @@ def _engine_model(template, engine):
     else:
         model = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
     assert model.check_finite is True  # the default
-    model.check_finite = False
-    assert model.check_finite is False
-    model.check_finite = True
     return model
 
 
