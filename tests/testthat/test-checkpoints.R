@@ -112,6 +112,6 @@ test_that("training data that cannot be replayed is an R warning at the start", 
   expect_warning(
     model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0,
                  callbacks = checkpoint_callbacks(withr::local_tempdir())),
-    "fit(shuffle=TRUE) shuffles arrays without a seed", fixed = TRUE
+    "fit(shuffle = TRUE) shuffles arrays without a seed; pass shuffle = FALSE", fixed = TRUE
   )
 })
