@@ -56,11 +56,17 @@ R_PKGS := reticulate generics magrittr testthat withr jsonlite pkgload knitr \
 # from elsewhere (NodeSource's nodejs ships its own npm).
 
 .PHONY: demo test test-python test-python-numpy1 test-python-numpy1-parity \
-	test-python-keras3-parity test-r bench bench-quick \
+	test-python-keras3-parity test-r test-r-beside-keras3-parity bench bench-quick \
 	setup setup-python setup-test setup-numpy2 setup-r setup-r-current slurm-up lint \
 	docs setup-docs setup-docs-debs
 
-setup: setup-test setup-numpy2
+# Every environment `make test` uses, built side by side: pip into each
+# virtual environment and R's compiler for the current R stack each keep
+# about one core busy for two minutes. Debian's R comes first (apt, once);
+# the current R stack's own apt step is then the only one running.
+setup: setup-r
+	@$(MAKE) --no-print-directory -j3 --output-sync=target \
+	  setup-test setup-numpy2 setup-r-current
 
 setup-python: $(PY_STAMP)
 
@@ -123,7 +129,7 @@ $(PY_NUMPY2_STAMP): pyproject.toml | setup-r
 demo: setup-python
 	$(PY) -m multigpu.demo --devices 4
 
-test: test-python test-python-numpy1 test-python-keras3-parity test-r bench-quick
+test: setup test-python test-python-numpy1 test-r-beside-keras3-parity bench-quick
 
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.
@@ -180,6 +186,21 @@ test-r: setup-test setup-numpy2 setup-r-current slurm-up
 	cat out/r-zero-setup.log; \
 	[ $$zero_status -eq 0 ] || echo "make: .ci/r-zero-setup-test.sh failed ($$zero_status)"; \
 	[ $$oldest -eq 0 ] && [ $$zero_status -eq 0 ]
+
+# The keras3 parity keeps one core busy (R embedded in one pytest process),
+# as do test-r's first steps (roxygen2, R CMD build knitting the vignettes,
+# the install test, R CMD check's own checks): `make test` runs the two side
+# by side, the parity's output printed when both are done.
+test-r-beside-keras3-parity: setup-test setup-numpy2 setup-r-current
+	@mkdir -p out; \
+	$(MAKE) --no-print-directory test-python-keras3-parity \
+	  > out/keras3-parity.log 2>&1 & parity=$$!; \
+	$(MAKE) --no-print-directory test-r; r_status=$$?; \
+	wait $$parity; parity_status=$$?; \
+	echo "== make test-python-keras3-parity (run beside test-r)"; \
+	cat out/keras3-parity.log; \
+	[ $$parity_status -eq 0 ] || echo "make: test-python-keras3-parity failed ($$parity_status)"; \
+	[ $$r_status -eq 0 ] && [ $$parity_status -eq 0 ]
 
 # The Slurm tests (srun -n2) need a single-node Slurm on this machine:
 # .ci/slurm-up.sh installs Debian's slurm-wlm and munge and starts them (as
