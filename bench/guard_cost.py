@@ -15,7 +15,7 @@ and one without (`check_finite=False`), and times their steps side by side:
   guarded step to the unguarded one. Both see the same load, so the median
   ratio and its 95% bootstrap interval survive a busy machine better than
   two separate runs would;
-* **the guard alone**: `multigpu.finite.checked` around identities of the same batch in a
+* **the guard alone**: `multigpu.finite.check` before identities of the same batch in a
   `tf.function` of its own, paired with the same function without it
   (identities only) and net of it: what the check's ops cost without the
   step around them, free of most of the step's noise.
@@ -74,7 +74,7 @@ def _guard_alone(x, y, rounds, seed=0):
 
     @tf.function
     def guarded(x, y):
-        with finite.checked((x, y)):
+        with tf.control_dependencies([finite.check((x, y))]):
             return tf.identity(x), tf.identity(y)
 
     @tf.function

@@ -4,27 +4,32 @@ A NaN or inf in the inputs, labels or sample weights of one batch turns the
 weights into NaN in that step (the gradients are NaN), and Keras trains on:
 the reported loss may even stay finite (metrics average over the epoch), and
 hours later the model predicts NaN. The engines' training step checks every
-floating-point tensor of the batch before the forward pass and, when one has
+floating-point tensor of the batch before it changes anything and, when one has
 a non-finite value, stops training with a `NonFiniteInputError` that names
 the epoch and batch, the input (`x`, `y` or `sample_weight`, and which named
 input or output), how many NaN and inf values it had and in which rows. The
 weights keep their values of the step before.
 
 The check is one pass over the batch (`is_finite` and a reduction per
-tensor) and a `tf.cond` whose failing branch alone builds the report; its
-cost per step is measured by `python -m bench.guard_cost`
-(docs/benchmarks.md). Turn it off per model with `model.check_finite =
-False` (in R, `model$check_finite <- FALSE`).
+tensor) and a `tf.cond` whose failing branch alone builds the report. It
+runs beside the forward pass: the loss and the optimizer's update wait for
+it (the whole step does where `waits_whole_step` says). Its cost per step
+is measured by `python -m bench.guard_cost` (docs/benchmarks.md). Turn it
+off per model with `model.check_finite = False` (in R,
+`model$check_finite <- FALSE`).
 """
 
 import contextlib
 import inspect
 import re
+import threading
+import types
 import urllib.parse
 
 import keras
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
@@ -114,15 +119,14 @@ def _report(kind, key, position, tensor):
     )
 
 
-@contextlib.contextmanager
-def checked(data, input_names=(), output_names=()):
-    """A block whose ops run only once the batch `data` is found finite.
+def check(data, input_names=(), output_names=()):
+    """The check of a batch `data` for NaN and inf, traced.
 
-    Wrap a train step's work in it (inside the traced function): every op
-    created in the block, the forward pass as well as the optimizer's
-    updates and its iteration count, waits for the check, so no state
-    changes on a bad batch. The check then fails with an error that
-    `explain_error` turns into a `NonFiniteInputError`.
+    Call it inside the traced training step. The returned tensor exists
+    only once every floating-point tensor of the batch is found finite;
+    when one is not, computing it fails with an error that `explain_error`
+    turns into a `NonFiniteInputError`. Ops that must not run on a bad
+    batch take it as a control dependency.
 
     Args:
         data: A batch as `train_step` receives it: `x`, `(x, y)` or
@@ -132,13 +136,14 @@ def checked(data, input_names=(), output_names=()):
         output_names: The model's output names, for lists `y` and
             `sample_weight`.
 
-    Yields:
-        None.
+    Returns:
+        A boolean scalar tensor (True), or None when the batch holds no
+        floating-point tensor to check.
 
     Example:
-    >>> def train_step(self, data):
-    ...     with finite.checked(data, input_names, self.output_names):
-    ...         return super().train_step(data)
+    >>> verdict = finite.check((x, y))
+    >>> with tf.control_dependencies([verdict]):
+    ...     update = variable.assign_add(1)
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     leaves = (_leaves(x, "x", list(input_names))
@@ -146,8 +151,7 @@ def checked(data, input_names=(), output_names=()):
               + _leaves(sample_weight, "sample_weight", list(output_names)))
     leaves = [leaf for leaf in leaves if _checked_tensor(leaf[3])]
     if not leaves:
-        yield
-        return
+        return None
     flags = [tf.reduce_all(tf.math.is_finite(leaf[3])) for leaf in leaves]
     finite = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
@@ -162,9 +166,147 @@ def checked(data, input_names=(), output_names=()):
         with tf.control_dependencies([failed]):
             return tf.constant(False)
 
-    verdict = tf.cond(finite, lambda: tf.constant(True), fail)
+    return _of_every_replica(
+        tf.cond(finite, lambda: tf.constant(True), fail))
+
+
+def _of_every_replica(verdict):
+    """`verdict` of every replica's share of the batch, under a strategy.
+
+    Each replica checks its own share; one whose share is bad must stop the
+    others too, or their forward pass writes state (BatchNormalization's
+    statistics, Dropout's seed) on the failing step. Every replica gets one
+    tensor that waits for all their verdicts: the failing replica's report
+    is the error. A graph edge per replica, no collective.
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return verdict
+
+    def combined(strategy, verdicts):
+        return tf.reduce_all(tf.stack(
+            strategy.experimental_local_results(verdicts)))
+
+    return context.merge_call(combined, args=(verdict,))
+
+
+# Layers that read their inputs as indices: a NaN cast to an integer is an
+# index out of range, which the layer's kernel reports as an error of its
+# own before the check's, unless the forward pass waits for the check.
+INDEX_LAYERS = (
+    keras.layers.Embedding, keras.layers.IntegerLookup,
+    keras.layers.StringLookup, keras.layers.CategoryEncoding,
+    keras.layers.Hashing, keras.layers.TextVectorization,
+)
+
+
+def waits_whole_step(model):
+    """Whether `model`'s whole training step waits for the finite check.
+
+    A model with non-trainable variables (BatchNormalization's moving
+    statistics, Dropout's or a recurrent layer's seed, frozen layers) may
+    write state in its forward pass that no data reaches; one with an
+    integer input or a layer of `INDEX_LAYERS` turns a NaN into an index,
+    which fails in its own words. Any other model's forward pass runs
+    beside the check.
+
+    Args:
+        model: A Keras model.
+
+    Returns:
+        True or False.
+    """
+    if model.non_trainable_variables:
+        return True
+    if any(str(t.dtype).startswith(("int", "uint"))
+           for t in keras.tree.flatten(model.inputs or [])):
+        return True
+    return any(isinstance(layer, INDEX_LAYERS)
+               for layer in internals.nested_layers(model))
+
+
+def checked_step(step, data, model, input_names=(), output_names=()):
+    """`step(data)`, a training step, changing no state on a bad batch.
+
+    The check (`check`) runs beside the forward pass; the labels and sample
+    weights, so the loss and the metrics, and the optimizer's update (its
+    iteration count included) wait for it. The whole step waits for it in
+    a model where `waits_whole_step` holds.
+
+    Args:
+        step: Keras's `train_step` (or an engine's), of `data`.
+        data: The batch.
+        model: The model `step` trains; its optimizer's update is gated.
+        input_names: The model's input names (see `check`).
+        output_names: The model's output names.
+
+    Returns:
+        What `step(data)` returns.
+
+    Example:
+    >>> def train_step(self, data):
+    ...     return finite.checked_step(super().train_step, data, self)
+    """
+    verdict = check(data, input_names, output_names)
+    if verdict is None:
+        return step(data)
+    if waits_whole_step(model):
+        with tf.control_dependencies([verdict]):
+            return step(data)
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y, sample_weight = keras.tree.map_structure(
+        lambda t: _after(verdict, t), (y, sample_weight))
+    with _updates_after(model.optimizer, verdict):
+        return step(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+
+
+def _after(verdict, value):
+    """`value`, a tensor once `verdict` exists; anything else as it is."""
+    if not isinstance(value, tf.Tensor) or isinstance(
+            value, (tf.SparseTensor, tf.RaggedTensor)):
+        return value
     with tf.control_dependencies([verdict]):
+        return tf.identity(value)
+
+
+# The verdicts gating the optimizer's update in the step being traced, per
+# thread: `tf.distribute.MirroredStrategy` traces each replica's step in a
+# thread of its own and runs the update's cross-replica part with the
+# control dependencies every replica's thread had (`merge_call`).
+_gates = threading.local()
+
+
+def _gated_apply(optimizer, *args, **kwargs):
+    verdicts = getattr(_gates, "verdicts", None)
+    if not verdicts:
+        return type(optimizer).apply(optimizer, *args, **kwargs)
+    with tf.control_dependencies(verdicts[-1:]):
+        return type(optimizer).apply(optimizer, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _updates_after(optimizer, verdict):
+    """A block in which `optimizer.apply` (so `apply_gradients`) waits.
+
+    Keras's `train_step` calls `self.optimizer.apply_gradients`, which
+    calls `apply`: everything the update writes, the iteration count
+    included, is created there. The optimizer gets an `apply` of its own
+    (once) that adds the block's verdict as a control dependency; outside
+    such a block it is the class's `apply`.
+    """
+    if optimizer is None:
         yield
+        return
+    if vars(optimizer).get("apply") is None:
+        # A bound method: `copy.deepcopy` of the optimizer binds the copy.
+        object.__setattr__(optimizer, "apply",
+                           types.MethodType(_gated_apply, optimizer))
+    verdicts = _gates.__dict__.setdefault("verdicts", [])
+    verdicts.append(verdict)
+    try:
+        yield
+    finally:
+        verdicts.pop()
 
 
 def _label(kind, key, position):

@@ -152,8 +152,8 @@ class ParallelModel(TemplateBacked, keras.Model):
         """Device that slices batches and concatenates outputs."""
         return self.replicas_layer.merge_device
 
-    def engine_train_step(self, data):
-        return self._split_once(super().engine_train_step, data)
+    def train_step(self, data):
+        return self._split_once(super().train_step, data)
 
     def test_step(self, data):
         return self._split_once(super().test_step, data)

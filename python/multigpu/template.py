@@ -210,21 +210,18 @@ class TemplateBacked:
         self._check_finite = value
 
     def train_step(self, data):
-        if not self.check_finite:
-            return self.engine_train_step(data)
-        # The check wraps the engine's whole step (its split of the batch
-        # included): every op of the step waits for it.
-        with finite.checked(data, [layer_name(t) for t in self.inputs],
-                            list(self.output_names)):
-            return self.engine_train_step(data)
+        """Keras's `train_step`, with the batch checked for NaN and inf.
 
-    def engine_train_step(self, data):
-        """The engine's training step on a batch, after the finite check.
-
-        Keras's `train_step`; engines that split or place the step
-        override this rather than `train_step`.
+        Engines that split or place the step (`ParallelModel`) call it on
+        the whole batch inside theirs, so the check runs beside their first
+        ops and gates only what reads the batch and the optimizer's update
+        (`multigpu.finite.checked_step`).
         """
-        return super().train_step(data)
+        if not self.check_finite:
+            return super().train_step(data)
+        return finite.checked_step(
+            super().train_step, data, self,
+            [layer_name(t) for t in self.inputs], list(self.output_names))
 
     def make_train_function(self, force=False):
         super().make_train_function(force)
