@@ -12,11 +12,10 @@ weights keep their values of the step before.
 
 The check is one pass over the batch (`is_finite` and a reduction per
 tensor) and a `tf.cond` whose failing branch alone builds the report. It
-runs beside the forward pass: the loss and the optimizer's update wait for
-it (the whole step does where `waits_whole_step` says). Its cost per step
-is measured by `python -m bench.guard_cost` (docs/benchmarks.md). Turn it
-off per model with `model.check_finite = False` (in R,
-`model$check_finite <- FALSE`).
+runs beside the forward pass; what writes state waits for it
+(`checked_step`). Its cost per step is measured by `python -m
+bench.guard_cost` (docs/benchmarks.md). Turn it off per model with
+`model.check_finite = False` (in R, `model$check_finite <- FALSE`).
 """
 
 import contextlib
@@ -200,15 +199,11 @@ INDEX_LAYERS = (
 )
 
 
-def waits_whole_step(model):
-    """Whether `model`'s whole training step waits for the finite check.
+def reads_indices(model):
+    """Whether `model` may turn a NaN of its inputs into an index.
 
-    A model with non-trainable variables (BatchNormalization's moving
-    statistics, Dropout's or a recurrent layer's seed, frozen layers) may
-    write state in its forward pass that no data reaches; one with an
-    integer input or a layer of `INDEX_LAYERS` turns a NaN into an index,
-    which fails in its own words. Any other model's forward pass runs
-    beside the check.
+    True for a model with an integer input or a layer of `INDEX_LAYERS`:
+    its forward pass waits for the finite check.
 
     Args:
         model: A Keras model.
@@ -216,8 +211,6 @@ def waits_whole_step(model):
     Returns:
         True or False.
     """
-    if model.non_trainable_variables:
-        return True
     if any(str(t.dtype).startswith(("int", "uint"))
            for t in keras.tree.flatten(model.inputs or [])):
         return True
@@ -228,15 +221,17 @@ def waits_whole_step(model):
 def checked_step(step, data, model, input_names=(), output_names=()):
     """`step(data)`, a training step, changing no state on a bad batch.
 
-    The check (`check`) runs beside the forward pass; the labels and sample
-    weights, so the loss and the metrics, and the optimizer's update (its
-    iteration count included) wait for it. The whole step waits for it in
-    a model where `waits_whole_step` holds.
+    The check (`check`) runs beside the forward pass. What writes state
+    waits for it: the labels and sample weights (so the loss and the
+    metrics), the writes of the model's non-trainable variables
+    (BatchNormalization's moving statistics, Dropout's seed) and the
+    optimizer's update, its iteration count included. The whole step waits
+    for it in a model that `reads_indices`.
 
     Args:
         step: Keras's `train_step` (or an engine's), of `data`.
         data: The batch.
-        model: The model `step` trains; its optimizer's update is gated.
+        model: The model `step` trains.
         input_names: The model's input names (see `check`).
         output_names: The model's output names.
 
@@ -250,13 +245,13 @@ def checked_step(step, data, model, input_names=(), output_names=()):
     verdict = check(data, input_names, output_names)
     if verdict is None:
         return step(data)
-    if waits_whole_step(model):
+    if reads_indices(model):
         with tf.control_dependencies([verdict]):
             return step(data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y, sample_weight = keras.tree.map_structure(
         lambda t: _after(verdict, t), (y, sample_weight))
-    with _updates_after(model.optimizer, verdict):
+    with _writes_after(model, verdict):
         return step(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
 
 
@@ -269,38 +264,46 @@ def _after(verdict, value):
         return tf.identity(value)
 
 
-# The verdicts gating the optimizer's update in the step being traced, per
-# thread: `tf.distribute.MirroredStrategy` traces each replica's step in a
-# thread of its own and runs the update's cross-replica part with the
-# control dependencies every replica's thread had (`merge_call`).
+# The verdicts that the writes traced in a step wait for, per thread:
+# `tf.distribute.MirroredStrategy` traces each replica's step in a thread of
+# its own and runs the update's cross-replica part with the control
+# dependencies every replica's thread had (`merge_call`).
 _gates = threading.local()
 
 
+def _pending_verdicts():
+    return getattr(_gates, "verdicts", None) or []
+
+
 def _gated_apply(optimizer, *args, **kwargs):
-    verdicts = getattr(_gates, "verdicts", None)
-    if not verdicts:
+    with tf.control_dependencies(_pending_verdicts()[-1:]):
         return type(optimizer).apply(optimizer, *args, **kwargs)
-    with tf.control_dependencies(verdicts[-1:]):
-        return type(optimizer).apply(optimizer, *args, **kwargs)
+
+
+def _gated_write(variable, value):
+    with tf.control_dependencies(_pending_verdicts()[-1:]):
+        return internals.direct_assign(variable, value)
 
 
 @contextlib.contextmanager
-def _updates_after(optimizer, verdict):
-    """A block in which `optimizer.apply` (so `apply_gradients`) waits.
+def _writes_after(model, verdict):
+    """A block whose writes of state wait for `verdict`.
 
-    Keras's `train_step` calls `self.optimizer.apply_gradients`, which
-    calls `apply`: everything the update writes, the iteration count
-    included, is created there. The optimizer gets an `apply` of its own
-    (once) that adds the block's verdict as a control dependency; outside
-    such a block it is the class's `apply`.
+    Keras's `train_step` updates the weights with
+    `self.optimizer.apply_gradients`, which calls `apply`: everything the
+    update writes, the iteration count included, is created there. The
+    forward pass writes the model's non-trainable variables, through
+    Keras's variables. Both get (once) a version that waits for the
+    block's verdict while one is pending in this thread; outside such a
+    block they are the classes'.
     """
-    if optimizer is None:
-        yield
-        return
-    if vars(optimizer).get("apply") is None:
+    optimizer = model.optimizer
+    if optimizer is not None and vars(optimizer).get("apply") is None:
         # A bound method: `copy.deepcopy` of the optimizer binds the copy.
         object.__setattr__(optimizer, "apply",
                            types.MethodType(_gated_apply, optimizer))
+    for variable in model.non_trainable_variables:
+        internals.wrap_variable_writes(variable, _gated_write)
     verdicts = _gates.__dict__.setdefault("verdicts", [])
     verdicts.append(verdict)
     try:
