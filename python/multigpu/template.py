@@ -212,10 +212,9 @@ class TemplateBacked:
     def train_step(self, data):
         """Keras's `train_step`, with the batch checked for NaN and inf.
 
-        Engines that split or place the step (`ParallelModel`) call it on
-        the whole batch inside theirs, so the check runs beside their first
-        ops and gates only what reads the batch and the optimizer's update
-        (`multigpu.finite.checked_step`).
+        Engines that split the step (`ParallelModel`) call it on the whole
+        batch inside theirs. The check runs beside the forward pass and what
+        writes state waits for it (`multigpu.finite.checked_step`).
         """
         if not self.check_finite:
             return super().train_step(data)
