@@ -57,8 +57,9 @@ def test_a_bad_value_in_x_stops_fit_at_its_batch(rng, engine, bad):
 
 
 # Each zoo model on one engine, the engines in turn. MobileNet (65 s a
-# case) is left to the zoo's slow sweep; the CNN's BatchNormalization and
-# Dropout make it the model whose whole step waits for the check.
+# case) is left to the zoo's slow sweep. The CNN's BatchNormalization and
+# Dropout write state in the forward pass; the Embedding model's whole step
+# waits for the check (`multigpu.finite.reads_indices`).
 ZOO_ENGINES = {
     name: ("replicate", "mirrored", "model_parallel")[i % 3]
     for i, name in enumerate(n for n in ZOO if n != "application")}
