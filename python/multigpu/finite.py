@@ -257,7 +257,8 @@ def checked_step(step, data, model, input_names=(), output_names=()):
 
 def _after(verdict, value):
     """`value`, a tensor once `verdict` exists; anything else as it is."""
-    if not isinstance(value, tf.Tensor):  # None, sparse, ragged
+    if not isinstance(value, tf.Tensor) or isinstance(
+            value, (tf.SparseTensor, tf.RaggedTensor)):
         return value
     with tf.control_dependencies([verdict]):
         return tf.identity(value)
@@ -270,24 +271,18 @@ def _after(verdict, value):
 _gates = threading.local()
 
 
-def _gate(owner, name):
-    """Makes `owner.<name>(...)` wait for this thread's pending verdict.
+def _pending_verdicts():
+    return getattr(_gates, "verdicts", None) or []
 
-    Once per object: `owner` gets a method of its own (bound, so that
-    `copy.deepcopy` binds the copy) that calls its class's under a control
-    dependency on the verdict of the innermost `_writes_after` block, and
-    as the class's outside one.
-    """
-    if name in vars(owner):
-        return
-    method = getattr(type(owner), name)
 
-    def gated(self, *args, **kwargs):
-        pending = getattr(_gates, "verdicts", None) or []
-        with tf.control_dependencies(pending[-1:]):
-            return method(self, *args, **kwargs)
+def _gated_apply(optimizer, *args, **kwargs):
+    with tf.control_dependencies(_pending_verdicts()[-1:]):
+        return type(optimizer).apply(optimizer, *args, **kwargs)
 
-    object.__setattr__(owner, name, types.MethodType(gated, owner))
+
+def _gated_write(variable, value):
+    with tf.control_dependencies(_pending_verdicts()[-1:]):
+        return internals.direct_assign(variable, value)
 
 
 @contextlib.contextmanager
@@ -297,14 +292,18 @@ def _writes_after(model, verdict):
     Keras's `train_step` updates the weights with
     `self.optimizer.apply_gradients`, which calls `apply`: everything the
     update writes, the iteration count included, is created there. The
-    forward pass writes the model's non-trainable variables, each through
-    its `internals.VARIABLE_WRITE_METHOD`. Both wait for the verdict
-    (`_gate`).
+    forward pass writes the model's non-trainable variables, through
+    Keras's variables. Both get (once) a version that waits for the
+    block's verdict while one is pending in this thread; outside such a
+    block they are the classes'.
     """
-    if model.optimizer is not None:
-        _gate(model.optimizer, "apply")
+    optimizer = model.optimizer
+    if optimizer is not None and vars(optimizer).get("apply") is None:
+        # A bound method: `copy.deepcopy` of the optimizer binds the copy.
+        object.__setattr__(optimizer, "apply",
+                           types.MethodType(_gated_apply, optimizer))
     for variable in model.non_trainable_variables:
-        _gate(variable, internals.VARIABLE_WRITE_METHOD)
+        internals.wrap_variable_writes(variable, _gated_write)
     verdicts = _gates.__dict__.setdefault("verdicts", [])
     verdicts.append(verdict)
     try:

@@ -7,6 +7,8 @@ one breaks this module only (ruff's SLF001 is off here and on everywhere
 else).
 """
 
+import types
+
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as ops_lib
 
@@ -129,9 +131,23 @@ def nested_layers(layer):
     return list(flatten(include_self=False)) if flatten else []
 
 
-# The method through which a Keras 3 variable's `assign`, `assign_add` and
-# `assign_sub` all write: `_direct_assign(value)`.
-VARIABLE_WRITE_METHOD = "_direct_assign"
+def wrap_variable_writes(variable, wrapper):
+    """Routes every write of a Keras `variable` through `wrapper`.
+
+    Keras 3's `assign`, `assign_add` and `assign_sub` all write through the
+    variable's `_direct_assign(value)`; it becomes `wrapper(variable,
+    value)`, which writes with `type(variable)._direct_assign(variable,
+    value)`. Idempotent.
+    """
+    if "_direct_assign" not in vars(variable):
+        # A bound method: `copy.deepcopy` of the variable binds the copy.
+        object.__setattr__(variable, "_direct_assign",
+                           types.MethodType(wrapper, variable))
+
+
+def direct_assign(variable, value):
+    """Writes `value` into a Keras `variable` as its class does."""
+    return type(variable)._direct_assign(variable, value)
 
 
 def keras_mask(tensor):
