@@ -15,9 +15,8 @@
 #    in CI also a skip, fails.
 #
 # R and Python: the R library path and RETICULATE_PYTHON of the caller
-# (make test-r: the current R stack and .venv-numpy2); RETICULATE_PYTHON
-# defaults to the repository's .venv.
-# install_multigpu()'s tests install the core the tarball carries.
+# (make test-r: .r-lib and .venv); RETICULATE_PYTHON defaults to the
+# repository's .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -39,7 +38,8 @@ fi
 
 echo "== roxygen2: NAMESPACE and man/ are up to date"
 rm -rf "$out/roxygen" && mkdir -p "$out/roxygen"
-tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./out --exclude='./*.Rcheck' \
+tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./.r-lib \
+  --exclude=./.r-current --exclude=./out --exclude='./*.Rcheck' \
   -cf - . | tar -xf - -C "$out/roxygen"
 (cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
 if ! diff -r -q "$root/man" "$out/roxygen/man" ||

@@ -7,8 +7,8 @@
 #    inst/python is identical to python/multigpu and pyproject.toml.
 # 2. R CMD INSTALL into an empty library.
 # 3. In an unrelated directory, with none of this checkout's settings
-#    (no RETICULATE_PYTHON, MULTIGPU_CORE, MULTIGPU_PYTHON, PYTHONPATH) and a
-#    temporary WORKON_HOME: multigpu::install_multigpu() creates r-multigpu.
+#    (no RETICULATE_PYTHON, MULTIGPU_PYTHON, PYTHONPATH) and a temporary
+#    WORKON_HOME: multigpu::install_multigpu() creates r-multigpu.
 # 4. A new R session there finds that environment by itself and trains a
 #    model through multi_gpu_model() on 2 logical CPU devices.
 #
@@ -35,37 +35,37 @@ R CMD INSTALL --no-test-load -l "$work/library" "$tarball" >"$work/install.log" 
 mkdir "$work/elsewhere"
 cd "$work/elsewhere"
 user_r() {
-  env -u RETICULATE_PYTHON -u MULTIGPU_CORE -u MULTIGPU_PYTHON -u PYTHONPATH \
-    -u VIRTUAL_ENV WORKON_HOME="$work/envs" R_LIBS="$work/library" \
+  env -u RETICULATE_PYTHON -u MULTIGPU_PYTHON -u PYTHONPATH -u VIRTUAL_ENV \
+    WORKON_HOME="$work/envs" R_LIBS="$work/library:$R_LIBS" \
+    R_USER_CACHE_DIR="$work/cache" \
     Rscript -e "$1"
 }
 
 echo "== install_multigpu() in $PWD"
 start=$SECONDS
-user_r 'multigpu::install_multigpu(demo = FALSE, quiet = TRUE)'
+user_r 'multigpu::install_multigpu(demo = FALSE)'
 echo "install_multigpu() took $((SECONDS - start)) s"
 
 echo "== a model trains through multi_gpu_model()"
 user_r '
+library(keras3)
 library(multigpu)
 config <- multigpu_config()
 print(config)
 stopifnot(config$available,
-          identical(config$source, "the environment install_multigpu() created"),
           startsWith(config$python, Sys.getenv("WORKON_HOME")),
           identical(config$versions[["multigpu"]],
                     as.character(utils::packageVersion("multigpu"))))
 virtual_devices(2)
-keras <- reticulate::import("keras")
-keras$utils$set_random_seed(1L)
-model <- keras$Sequential(list(keras$Input(shape = list(4L)),
-                               keras$layers$Dense(8L, activation = "relu"),
-                               keras$layers$Dense(3L, activation = "softmax")))
+set_random_seed(1)
+model <- keras_model_sequential(input_shape = 4) |>
+  layer_dense(8, activation = "relu") |>
+  layer_dense(3, activation = "softmax")
 parallel <- multi_gpu_model(model, gpus = 2)
-parallel %>% compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
 x <- scale(as.matrix(iris[, 1:4]))
 y <- as.integer(iris$Species) - 1L
-history <- parallel %>% fit(x, y, epochs = 5, batch_size = 16, verbose = 0)
+history <- parallel |> fit(x, y, epochs = 5, batch_size = 16, verbose = 0)
 loss <- history$metrics$loss
 cat("loss by epoch:", format(loss, digits = 4), "\n")
 stopifnot(length(loss) == 5, all(is.finite(loss)), loss[5] < loss[1])

@@ -4,8 +4,8 @@
 #   bash .ci/r-zero-setup-test.sh multigpu_0.1.0.tar.gz
 #
 # The tarball (from R CMD build) installed into an empty library, used with
-# the current R stack ($R_CURRENT_LIB, default .r-current: reticulate >= 1.41,
-# keras3, tensorflow, tfdatasets) in a fresh user's environment: an empty
+# the R packages of $R_LIBS (make test: .r-lib: reticulate >= 1.42, keras3,
+# tensorflow, tfdatasets) in a fresh user's environment: an empty
 # HOME, no RETICULATE_PYTHON, MULTIGPU_PYTHON, r-multigpu environment or
 # .venv, and uv (from PyPI, on the PATH) with UV_PYTHON_DOWNLOADS=never, so
 # that it builds the environment on the machine's own Python, and a
@@ -21,19 +21,17 @@
 #    download blocked by a proxy on a closed local port, so nothing leaves
 #    the machine): the first call is a multigpu_unavailable_error saying to
 #    install uv or use install_multigpu().
-# 4. Debian's reticulate (< 1.41, without py_require()): the first call
-#    still points at install_multigpu().
 set -euo pipefail
 tarball=$(realpath "$1")
 root=$(cd "$(dirname "$0")/.." && pwd)
-current_lib="${R_CURRENT_LIB:-$root/.r-current}"
+current_lib="${R_LIBS:?set R_LIBS to the library holding reticulate and keras3}"
 uv=$(command -v uv || true)
 if [ -z "$uv" ]; then
   echo "r-zero-setup-test: uv is not on the PATH (pip install uv)" >&2
   exit 1
 fi
 if [ ! -d "$current_lib/reticulate" ] || [ ! -d "$current_lib/keras3" ]; then
-  echo "r-zero-setup-test: no reticulate and keras3 in $current_lib (make setup-r-current)" >&2
+  echo "r-zero-setup-test: no reticulate and keras3 in $current_lib (make setup-r)" >&2
   exit 1
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/multigpu-zero.XXXXXX")
@@ -69,9 +67,7 @@ fresh_r() {
 script='
 library(keras3)
 library(multigpu)
-config <- multigpu_config()
-stopifnot(isTRUE(config$pending), grepl("py_require", config$source),
-          any(startsWith(config$requirements, "multigpu @ file://")))
+stopifnot(!reticulate::py_available())
 virtual_devices(2)
 set_random_seed(1)
 model <- keras_model_sequential(input_shape = 4) |>
@@ -87,7 +83,7 @@ cat("loss by epoch:", format(loss, digits = 4), "\n")
 stopifnot(length(loss) == 5, all(is.finite(loss)), loss[5] < loss[1])
 config <- multigpu_config()
 print(config)
-stopifnot(config$available, grepl("py_require", config$source),
+stopifnot(config$available, !nzchar(Sys.getenv("RETICULATE_PYTHON")),
           startsWith(config$versions[["tensorflow"]], "2.21."),
           identical(config$versions[["multigpu"]],
                     as.character(utils::packageVersion("multigpu"))))
@@ -124,7 +120,7 @@ error <- tryCatch(virtual_devices(2), multigpu_unavailable_error = identity)
 stopifnot(inherits(error, "multigpu_unavailable_error"))
 message <- conditionMessage(error)
 cat(message, "\n")
-stopifnot(grepl("needs uv, which is not installed", message),
+stopifnot(grepl("with uv, which is not installed", message),
           grepl("pip install uv", message, fixed = TRUE),
           grepl("install_multigpu()", message, fixed = TRUE))
 cat("without uv: OK\n")
@@ -134,15 +130,4 @@ fresh_r "$(dirname "$rscript"):/usr/bin:/bin" "$work/library:$current_lib" \
   R_USER_CACHE_DIR="$work/no-uv" https_proxy=http://127.0.0.1:9 \
   http_proxy=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 ALL_PROXY=http://127.0.0.1:9
 
-echo "== Debian's reticulate (< 1.41): the first call points at install_multigpu()"
-script='
-stopifnot(utils::packageVersion("reticulate") < "1.41")
-library(multigpu)
-error <- tryCatch(virtual_devices(2), multigpu_unavailable_error = identity)
-stopifnot(inherits(error, "multigpu_unavailable_error"))
-cat(conditionMessage(error), "\n")
-stopifnot(grepl("install_multigpu()", conditionMessage(error), fixed = TRUE))
-cat("old reticulate: OK\n")
-'
-fresh_r "$path" "$work/library"
 echo "zero set-up: first session ${first} s, second session (cached) ${second} s"

@@ -10,25 +10,24 @@
 #' @noRd
 core <- function(call = caller_call()) {
   if (!isTRUE(.globals$ready)) {
-    status <- python_status()
-    if (!is.null(status$problem)) {
+    problem <- python_problem()
+    if (!is.null(problem)) {
       multigpu_abort(
-        as.character(status$problem),
-        class = c(if (inherits(status$problem, "multigpu_version_mismatch"))
+        as.character(problem),
+        class = c(if (inherits(problem, "multigpu_version_mismatch"))
                     "multigpu_version_error",
                   "multigpu_unavailable_error"),
         call = call
       )
     }
-    tryCatch(
-      reticulate::import("multigpu"),
-      error = function(error) {
-        multigpu_abort(sprintf(
-          "Importing the multigpu Python package from %s failed: %s\n%s",
-          status$python, conditionMessage(error), fix_text
-        ), class = "multigpu_unavailable_error", call = call)
-      }
-    )
+    # Imported now, so that what importing Keras creates (keras3's load
+    # hook makes a tensor) exists before start_core_for_configuration()
+    # frees it.
+    tryCatch(reticulate::import("multigpu"), error = function(error) {
+      multigpu_abort(sprintf("Importing the multigpu Python package failed: %s",
+                             conditionMessage(error)),
+                     class = "multigpu_unavailable_error", call = call)
+    })
     .globals$ready <- TRUE
   }
   .globals$core

@@ -39,7 +39,7 @@ history_table <- function(x) {
 #' `metric` and `data` (`"training"` or `"validation"`).
 #'
 #' @param x A training history, returned by
-#'   [fit()][fit.keras.src.trainers.trainer.Trainer].
+#'   [fit()][keras3::fit.keras.src.models.model.Model].
 #' @param y Unused.
 #' @param metrics Names of the metrics to plot, without the `val_` prefix
 #'   (e.g. `c("loss", "accuracy")`); `NULL` for all.

@@ -50,10 +50,10 @@
 #' @param microbatches The number of micro-batches each batch is pipelined
 #'   as; 1 (default) for no pipelining.
 #' @returns A Keras model (a Python `PartitionedModel`) used just like
-#'   `model`: [compile()][compile.keras.src.trainers.trainer.Trainer],
-#'   [fit()][fit.keras.src.trainers.trainer.Trainer],
-#'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
-#'   [predict()][predict.keras.src.trainers.trainer.Trainer]. It has
+#'   `model`: [compile()][keras3::compile.keras.src.models.model.Model],
+#'   [fit()][keras3::fit.keras.src.models.model.Model],
+#'   [evaluate()][keras3::evaluate.keras.src.models.model.Model],
+#'   [predict()][keras3::predict.keras.src.models.model.Model]. It has
 #'   `$template`, `$devices`, `$stages` (the layer names of each stage) and
 #'   `$stage_table()`.
 #' @family multi-device training

@@ -73,10 +73,10 @@
 #'   mirrored strategy, copying the weights back to the template).
 #' @returns A Keras model (a Python `ParallelModel`, or `MirroredModel` for
 #'   the mirrored engine) used just like `model`:
-#'   [compile()][compile.keras.src.trainers.trainer.Trainer],
-#'   [fit()][fit.keras.src.trainers.trainer.Trainer],
-#'   [evaluate()][evaluate.keras.src.trainers.trainer.Trainer],
-#'   [predict()][predict.keras.src.trainers.trainer.Trainer]. It has
+#'   [compile()][keras3::compile.keras.src.models.model.Model],
+#'   [fit()][keras3::fit.keras.src.models.model.Model],
+#'   [evaluate()][keras3::evaluate.keras.src.models.model.Model],
+#'   [predict()][keras3::predict.keras.src.models.model.Model]. It has
 #'   `$template` (the model whose weights the replicas share), `$devices`,
 #'   `$engine`, `$engine_reason` and (replicate engine)
 #'   `$batch_split(batch_size)`.

@@ -126,12 +126,12 @@ multi_worker_strategy <- function() {
 #' @param strategy The strategy; `NULL` for the one the model was built
 #'   under.
 #' @param verbose `"auto"`, `0`, `1` or `2`, as in
-#'   [fit()][fit.keras.src.trainers.trainer.Trainer].
+#'   [fit()][keras3::fit.keras.src.models.model.Model].
 #' @param callbacks A list of Keras callbacks, such as
 #'   [checkpoint_callbacks()].
 #' @param initial_epoch The epoch to start at, 1-based.
 #' @returns A training history, as from
-#'   [fit()][fit.keras.src.trainers.trainer.Trainer], invisibly.
+#'   [fit()][keras3::fit.keras.src.models.model.Model], invisibly.
 #' @family multi-device training
 #' @export
 #' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)

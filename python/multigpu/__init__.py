@@ -35,14 +35,14 @@ from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
 from multigpu.plotting import plot_placement
-from multigpu.replicas import DataParallel, ParallelModel
+from multigpu.replicas import DataParallelReplicas, ParallelModel
 from multigpu.saving import load_model, save_model
 from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataParallel",
+    "DataParallelReplicas",
     "MirroredModel",
     "NonFiniteInputError",
     "ParallelModel",
@@ -66,3 +66,22 @@ __all__ = [
     "save_model",
     "virtual_devices",
 ]
+
+
+def __getattr__(name):
+    """`multigpu.DataParallel`, the layer's former name, with a warning.
+
+    It shadowed `keras.distribution.DataParallel` for users importing both.
+    """
+    if name == "DataParallel":
+        import warnings
+
+        warnings.warn(
+            "multigpu.DataParallel is deprecated: the layer is now "
+            "multigpu.DataParallelReplicas (the old name shadowed "
+            "keras.distribution.DataParallel). Use "
+            "multigpu.DataParallelReplicas.",
+            DeprecationWarning, stacklevel=2,
+        )
+        return DataParallelReplicas
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,7 @@ from multigpu.messages import literal
 from multigpu.template import TemplateBacked, TemplateLayer, built_like
 
 
-class DataParallel(TemplateLayer):
+class DataParallelReplicas(TemplateLayer):
     """Runs `template` once per device on a slice of the batch.
 
     Not usually built directly: `multi_gpu_model` wraps it in a model whose
@@ -127,7 +127,7 @@ class ParallelModel(TemplateBacked, keras.Model):
         with built_like(template):
             graph = callable_graph(template)
             inputs = keras.tree.map_structure(_input_like, graph.input)
-            replicas = DataParallel(template, devices, merge_device,
+            replicas = DataParallelReplicas(template, devices, merge_device,
                                     name="replicas")
             outputs = named_like(graph, replicas(inputs))
             kwargs.setdefault("name", f"{template.name}_parallel")
@@ -135,7 +135,7 @@ class ParallelModel(TemplateBacked, keras.Model):
 
     @property
     def replicas_layer(self):
-        return next(layer for layer in self.layers if isinstance(layer, DataParallel))
+        return next(layer for layer in self.layers if isinstance(layer, DataParallelReplicas))
 
     @property
     def template(self):

@@ -101,3 +101,30 @@ def test_macos_x86_64_has_no_tensorflow_2_21_as_the_readme_says(tmp_path):
     requirement = _tensorflow_requirement("cpu", environment)
     assert requirement.name == "tensorflow"
     assert _wheel_on_index(requirement, "macosx_12_0_x86_64", tmp_path) is None
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_r_package_python_range_is_pyprojects():
+    # R/python.R writes the supported Pythons once, for py_require().
+    r_source = (ROOT / "R" / "python.R").read_text()
+    declared = r_source.split('supported_python <- "', 1)[1].split('"', 1)[0]
+    assert declared == _pyproject()["project"]["requires-python"]
+
+
+def test_r_package_constraints_pin_what_pyproject_requires():
+    # inst/python/constraints.txt pins, for uv and pip, the releases that
+    # pyproject.toml's dependencies and TensorFlow extras require.
+    lines = (ROOT / "inst" / "python" / "constraints.txt").read_text().splitlines()
+    constraints = {Requirement(line).name: Requirement(line).specifier
+                   for line in lines if line.strip() and not line.startswith("#")}
+    project = _pyproject()["project"]
+    required = [Requirement(r) for r in project["dependencies"]]
+    extras = project["optional-dependencies"]
+    required += [Requirement(r) for r in extras["cpu"] + extras["gpu"]]
+    for requirement in required:
+        assert requirement.name in constraints, requirement.name
+        assert constraints[requirement.name] == requirement.specifier, requirement.name
+    assert set(constraints) == {r.name for r in required}

@@ -1,0 +1,89 @@
+test_that("loading multigpu declares the core, the Python versions and the constraints, without starting Python", {
+  skip_if_no_multigpu()
+  output <- run_r('
+    Sys.setenv(UV_CONSTRAINT = "/elsewhere/theirs.txt")
+    library(multigpu)
+    cat("started:", reticulate::py_available(), "\\n")
+    declared <- reticulate::py_require()
+    cat("packages:", declared$packages, "\\n")
+    cat("python:", paste(declared$python_version, collapse = ","), "\\n")
+    cat("constraints:", Sys.getenv("UV_CONSTRAINT"), "\\n")
+  ', env = "RETICULATE_PYTHON=")
+  output <- paste(output, collapse = "\n")
+  expect_match(output, "started: FALSE", fixed = TRUE)
+  expect_match(output, "packages:.* multigpu @ file:///")
+  expect_match(output, "python: >=3.10,<3.14", fixed = TRUE)
+  expect_match(output, "constraints: /elsewhere/theirs.txt /.*/python/constraints.txt")
+  # keras3 (loaded first, as an import) declared TensorFlow's distribution;
+  # multigpu named none.
+  expect_match(output, "packages:.*tensorflow")
+})
+
+test_that("MULTIGPU_PYTHON is forwarded to RETICULATE_PYTHON", {
+  output <- run_r('library(multigpu); cat("chosen:", Sys.getenv("RETICULATE_PYTHON"), "\\n")',
+                  env = c("RETICULATE_PYTHON=", "MULTIGPU_PYTHON=/opt/python/bin/python3"))
+  expect_match(paste(output, collapse = "\n"), "chosen: /opt/python/bin/python3", fixed = TRUE)
+})
+
+test_that("the core requirement points at a cached copy of the core this package carries", {
+  cache <- withr::local_tempdir()
+  copy <- cached_core(cache)
+  expect_true(startsWith(copy, cache))
+  expect_true(file.exists(file.path(copy, "pyproject.toml")))
+  expect_true(file.exists(file.path(copy, "python", "multigpu", "replicas.py")))
+  expect_length(list.files(copy, "^__pycache__$", recursive = TRUE, include.dirs = TRUE), 0L)
+  init <- readLines(file.path(copy, "python", "multigpu", "__init__.py"))
+  expect_true(any(sprintf('__version__ = "%s"', utils::packageVersion("multigpu")) == init))
+  # The same files give the same path (uv's cache keeps its build).
+  expect_identical(cached_core(cache), copy)
+  expect_match(core_requirement(), "^multigpu @ file:///")
+  expect_match(core_requirement(c("cpu", "demo")), "^multigpu\\[cpu,demo\\] @ file:///")
+})
+
+test_that("each failure to start Python names its fix", {
+  no_uv <- start_problem("uv not found", uv = FALSE,
+                         machine = c(sysname = "Linux", machine = "x86_64"))
+  expect_match(no_uv, "with uv, which is not installed")
+  expect_match(no_uv, "pip install uv", fixed = TRUE)
+  expect_match(no_uv, "install_multigpu()", fixed = TRUE)
+  python <- start_problem("No interpreter found for Python >=3.10, <3.14", uv = TRUE,
+                          machine = c(sysname = "Linux", machine = "x86_64"))
+  expect_match(python, "found no Python >=3.10,<3.14", fixed = TRUE)
+  expect_match(python, "unset UV_PYTHON_DOWNLOADS", fixed = TRUE)
+  intel_mac <- start_problem("no wheel", uv = TRUE,
+                             machine = c(sysname = "Darwin", machine = "x86_64"))
+  expect_match(intel_mac, "TensorFlow 2.21 has no build for macOS on Intel", fixed = TRUE)
+  other <- start_problem("conflict", uv = TRUE,
+                         machine = c(sysname = "Linux", machine = "x86_64"))
+  expect_match(other, "reticulate::py_require()", fixed = TRUE)
+})
+
+test_that("an unsupported Python, TensorFlow or core version names its fix", {
+  good <- c(python = "3.11.7", numpy = "2.4.0", tensorflow = "2.21.0",
+            keras = "3.15.1", multigpu = "0.1.0")
+  check <- function(...) {
+    versions <- good
+    changes <- c(...)
+    versions[names(changes)] <- changes
+    versions_problem(versions, "/env/bin/python", package = "0.1.0")
+  }
+  expect_null(check())
+  expect_match(check(python = "3.9.18"), "is Python 3.9.18; multigpu needs Python >=3.10,<3.14")
+  expect_match(check(tensorflow = "2.16.1"), "has TensorFlow 2.16.1; multigpu needs TensorFlow 2.21")
+  expect_match(check(tensorflow = NA), "has no tensorflow package")
+  expect_match(check(multigpu = NA), "has no multigpu package. Fix: .*install_multigpu()")
+  mismatch <- check(multigpu = "0.0.9")
+  expect_s3_class(mismatch, "multigpu_version_mismatch")
+  expect_match(mismatch, "multigpu Python package 0.0.9, but this R package is multigpu 0.1.0")
+})
+
+test_that("multigpu_config() reports the running Python and its versions", {
+  skip_if_no_multigpu()
+  config <- multigpu_config()
+  expect_s3_class(config, "multigpu_config")
+  expect_true(config$available)
+  expect_null(config$problem)
+  expect_identical(config$versions[["multigpu"]], as.character(utils::packageVersion("multigpu")))
+  expect_match(config$versions[["tensorflow"]], "^2\\.21\\.")
+  expect_output(print(config), "status:     ready")
+})
