@@ -28,8 +28,9 @@ R_DEBS := r-base-dev pandoc r-cran-testthat r-cran-withr r-cran-jsonlite \
 	r-cran-rstudioapi r-cran-lifecycle r-cran-base64enc r-cran-magrittr \
 	r-cran-whisker r-cran-tidyselect r-cran-backports r-cran-generics \
 	r-cran-zeallot r-cran-fastmap r-cran-glue r-cran-cli
-# The documentation site's browser and link checks.
-DOCS_DEBS := chromium chromium-driver linkchecker npm
+# The documentation site's browser and link checks; npm fetches the scripts
+# pkgdown's pages load (.ci/docs-assets.sh).
+DOCS_DEBS := chromium chromium-driver linkchecker npm=npm
 export R_LIBS := $(R_LIB)
 export RETICULATE_PYTHON := $(CURDIR)/$(PY)
 export TF_CPP_MIN_LOG_LEVEL ?= 2

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The one way this project installs from Debian: the packages named that are
 # not installed yet (apt-get update first, once, only when something is
-# missing). As root, or through sudo.
+# missing). COMMAND=PACKAGE installs PACKAGE only when COMMAND is not on the
+# PATH (a Node.js from elsewhere brings its own npm, which Debian's npm
+# conflicts with). As root, or through sudo.
 #
-#   bash .ci/apt-install.sh PACKAGE...
+#   bash .ci/apt-install.sh PACKAGE... [COMMAND=PACKAGE...]
 set -euo pipefail
 missing=()
 for package in "$@"; do
+  if [[ $package == *=* ]]; then
+    command -v "${package%%=*}" >/dev/null || missing+=("${package#*=}")
+    continue
+  fi
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
     missing+=("$package")
 done

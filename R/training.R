@@ -10,7 +10,12 @@ compile.multigpu.template.TemplateBacked <- function(object, ...) {
 }
 
 #' @exportS3Method fit multigpu.template.TemplateBacked
-fit.multigpu.template.TemplateBacked <- function(object, ...) {
+fit.multigpu.template.TemplateBacked <- function(object, x = NULL, ..., shuffle) {
+  # Keras ignores `shuffle` for a dataset (shuffle it when building it) and
+  # warns about keras3's default TRUE; unless asked, send FALSE.
+  if (missing(shuffle) && is_dataset(x)) {
+    return(invisible(with_python(NextMethod(shuffle = FALSE))))
+  }
   invisible(with_python(NextMethod()))
 }
 

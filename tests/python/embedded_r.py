@@ -1,9 +1,7 @@
 """R embedded in the pytest process, with the multigpu R package and the R
 scenario runner (`tests/testthat/helper-scenarios.R`) loaded, for the parity
-checks of `test_scenario_parity.py` (the plain R API) and
-`test_scenario_parity_keras3.py` (the keras3 R API: keras3 and tfdatasets
-attached first, as R users have them; one API per process, since attaching
-keras3 changes S3 dispatch for the whole R session)."""
+check of `test_scenario_parity_keras3.py` (the keras3 R API: keras3 and
+tfdatasets attached first, as R users have them)."""
 
 import atexit
 import gc

@@ -1,7 +1,7 @@
 """The Python runner of the shared scenarios: `PythonRun` runs one scenario
 file with the Python API, checks its expectations and records its numbers
 (weights, histories, metrics, predictions) and its error, for the parity
-check against the R run (`test_scenario_parity.py`)."""
+check against the R run (`test_scenario_parity_keras3.py`)."""
 
 import builtins
 import math

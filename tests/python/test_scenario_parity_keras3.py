@@ -3,13 +3,12 @@ user writes it (keras3 and tfdatasets attached, keras3's compile/fit/
 evaluate/predict methods, optimizers, losses and metrics from keras3's
 constructors; see `tests/testthat/helper-scenarios-keras3.R`), embedded in
 this process, gives the numbers and the errors of its Python run
-(`compare_records` of `test_scenario_parity.py`, within `PARITY_TOLERANCE`).
+(`compare_records` of `scenario_parity.py`, within `PARITY_TOLERANCE`).
 
-Needs the current R stack (reticulate >= 1.38 with keras3, tensorflow and
-tfdatasets) and NumPy 2: `make test-python-keras3-parity`, i.e.
-`R_LIBS=.r-current .venv-numpy2/bin/python -m pytest -q
+Needs R with reticulate >= 1.42, keras3, tensorflow and tfdatasets:
+`make test-r-parity`, i.e. `R_LIBS=.r-lib .venv/bin/python -m pytest -q
 tests/python/test_scenario_parity_keras3.py`. Run it in a pytest process of
-its own, apart from `test_scenario_parity.py`: R starts once per process, and
+its own: R starts once per process, and
 keras3 changes S3 dispatch for the whole R session. `MULTIGPU_SKIP_R=1`
 skips it.
 """
@@ -20,11 +19,11 @@ import pytest
 
 from embedded_r import EmbeddedR
 from scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
+from scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
 from scenario_runner import python_record
-from test_scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
-              pytest.mark.r_parity, pytest.mark.r_parity_keras3]
+              pytest.mark.r_parity]
 
 
 @pytest.fixture(scope="session")

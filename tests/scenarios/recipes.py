@@ -195,7 +195,7 @@ def make_data(recipe, seed, rows):
     return {"x": x, "y": y}
 
 
-# The parity check of tests/python/test_scenario_parity.py embeds R in the pytest
+# The parity check of tests/python/test_scenario_parity_keras3.py embeds R in the pytest
 # process: the R runner (tests/testthat/helper-scenarios.R) is set here as
 # R_RUNNER, a Python callable, and stores each record in R_RECORDS, keyed by
 # scenario name.

@@ -1,6 +1,6 @@
 # The shared scenarios (tests/scenarios/*.json, format in its README.md), run
 # with the R API. The Python suite runs the same files with the Python API
-# and compares both runs' numbers and errors (tests/python/test_scenario_parity.py).
+# and compares both runs' numbers and errors (tests/python/test_scenario_parity_keras3.py).
 # The runner is in helper-scenarios.R.
 
 test_that("the scenario files parse, with steps and one recipe each", {

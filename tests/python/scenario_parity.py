@@ -1,34 +1,19 @@
-"""Parity: every shared scenario run in R (embedded in this process, see
-`embedded_r.py`) gives the numbers and the errors of its Python run, within
-`PARITY_TOLERANCE`. Needs R, and NumPy 1 with reticulate < 1.38 (`make
-test-python-numpy1`); `MULTIGPU_SKIP_R=1` skips it."""
+"""How a scenario's R run is compared with its Python run: `compare_records`
+(the numbers and the errors, within `PARITY_TOLERANCE`) and `parity_summary`,
+used by `test_scenario_parity_keras3.py`, which runs every shared scenario
+through the keras3 R API (R embedded in the pytest process, see
+`embedded_r.py`)."""
 
-import os
 import re
 
 import numpy as np
-import pytest
 
-from embedded_r import EmbeddedR
-from scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
-from scenario_runner import flat, max_difference, python_record
-
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+from scenario_files import SCENARIOS, error_step, speaks
+from scenario_runner import flat, max_difference
 
 # Largest allowed difference between the Python and the R run of a scenario:
 # predictions, weights, losses and metrics (relative above 1).
 PARITY_TOLERANCE = 1e-6
-
-
-@pytest.fixture(scope="session")
-def embedded_r():
-    if os.environ.get("MULTIGPU_SKIP_R") == "1":
-        pytest.skip("MULTIGPU_SKIP_R=1: R parity not checked")
-    embedded = EmbeddedR()
-    yield embedded
-    # Release the R function while R and rpy2 are still fully alive, rather
-    # than during interpreter shutdown (where rpy2's callbacks are gone).
-    embedded.close()
 
 
 def compare_records(python, r):
@@ -101,35 +86,6 @@ def _process_state_out(message):
 
 def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-_largest = {}
-
-
-@pytest.mark.r_parity
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=IDS)
-def test_parity(scenario, embedded_r, tmp_path_factory):
-    python = python_record(scenario, tmp_path_factory)
-    r = embedded_r.run(SCENARIO_DIR / f"{scenario['name']}.json",
-                       tmp_path_factory.mktemp(f"r-{scenario['name']}"))
-    largest, compared = compare_records(python, r)
-    if error_step(scenario) is None:
-        assert compared > 0, "the scenario recorded no numbers to compare"
-    _largest[scenario["name"]] = largest
-    assert largest <= PARITY_TOLERANCE, (
-        f"R and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
-
-
-@pytest.mark.r_parity
-def test_parity_summary(capsys):
-    """Runs after the parity tests (file order): prints how many scenarios of
-    each kind ran in both languages and the largest difference seen."""
-    if not _largest:
-        pytest.skip("no parity test ran")
-    line, largest = parity_summary(_largest, "scenario parity", "R")
-    with capsys.disabled():
-        print(f"\n{line}")
-    assert largest <= PARITY_TOLERANCE
 
 
 def parity_summary(largest_by_scenario, title, r_side):
