@@ -8,18 +8,17 @@ multi-worker strategies use to split the data between workers.
 """
 
 import difflib
-import itertools
 import os
-import threading
 import warnings
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import internals
 from multigpu.arguments import check_flag, check_int, is_int
-from multigpu.messages import api, literal, literals, setting
+from multigpu.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
+from multigpu.inputs import check_numeric_y
+from multigpu.messages import api, current_language, literal, literals, setting
 
 _SHARD_POLICIES = {
     "data": tf.data.experimental.AutoShardPolicy.DATA,
@@ -29,73 +28,6 @@ _SHARD_POLICIES = {
 }
 _BATCHED = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
 
-# The epoch a training loop is in, announced by the checkpoint callbacks at
-# each epoch's start (None outside such training). Seeded shuffles read it
-# when an epoch's iteration starts, so the order of epoch e depends on
-# (seed, e) only and a run resumed at epoch e replays it exactly.
-_training_epoch = [None]
-_epoch_lock = threading.Lock()
-
-
-def set_training_epoch(epoch):
-    """Announces the epoch that the next iterations of the data belong to.
-
-    Called by `checkpoint_callbacks` at every epoch's start (and with None
-    when training ends). Datasets from `distributed_dataset(shuffle=True,
-    seed=...)` then shuffle epoch `epoch` in an order that depends only on
-    the seed and `epoch`, so a resumed run sees the same order as an
-    uninterrupted one. Without an announcement they count their own
-    iterations instead.
-
-    Args:
-        epoch: An int >= 0, or None.
-    """
-    with _epoch_lock:
-        _training_epoch[0] = None if epoch is None else int(epoch)
-
-
-def training_epoch():
-    """The epoch announced by `set_training_epoch`, or None."""
-    with _epoch_lock:
-        return _training_epoch[0]
-
-
-def replay_problem(dataset):
-    """Why `dataset` may give other batches when an epoch is replayed, or None.
-
-    A resumed run replays the interrupted epoch exactly only when each
-    epoch's batches depend on the epoch alone. A `shuffle` that reshuffles
-    every iteration (without the epoch-keyed order of `distributed_dataset`'s
-    seeded shuffle) orders epoch e by how many epochs this process has
-    iterated, and random datasets draw anew.
-
-    Args:
-        dataset: A `tf.data.Dataset`.
-
-    Returns:
-        A sentence naming the transformation, or None when the dataset's
-        order depends only on the epoch.
-    """
-    seen, pending = set(), [dataset]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        kind = type(current).__name__
-        if kind == "_ShuffleDataset" and (
-                internals.reshuffles_each_iteration(current)):
-            return ("it shuffles with Dataset.shuffle(reshuffle_each_iteration="
-                    "True), whose order in a resumed epoch differs; use "
-                    f"{api('distributed_dataset', f'x, y, shuffle={literal(True)}, seed=...')}"
-                    ", whose order depends on the seed and the epoch only")
-        if kind in ("_RandomDataset", "RandomDataset", "_GeneratorDataset"):
-            return f"it draws from {kind.strip('_')}, which is not replayed"
-        try:
-            pending.extend(internals.dataset_inputs(current))
-        except (AttributeError, TypeError):
-            pass
-    return None
 
 
 def num_replicas(strategy=None):
@@ -165,6 +97,77 @@ def _check_not_scalar(name, value):
         )
 
 
+def _leaf_name(name, path):
+    """`x['a']`, `y[0]`: a leaf of a nested argument, in the user's language."""
+    if current_language() == "r":
+        keys = [k + 1 if isinstance(k, int) else k for k in path]
+        return name + "".join(f"[[{literal(k)}]]" for k in keys)
+    return name + "".join(f"[{literal(k)}]" for k in path)
+
+
+def _nonfinite_report(array):
+    """`(NaN count, inf count, rows holding one, first bad index)`, or None."""
+    if array.dtype.kind not in "fc" or array.ndim == 0:
+        return None
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return None
+    nan = int(np.isnan(array).sum())
+    rows = int(bad.reshape(len(array), -1).any(axis=1).sum())
+    return nan, int(bad.sum()) - nan, rows, tuple(np.argwhere(bad)[0])
+
+
+def _check_finite(name, value):
+    """Refuses NaN and inf in in-memory training data, naming where.
+
+    Keras trains on such data without an error and every weight becomes
+    NaN in the first step that reads one, so it is refused before any
+    training, as the engines' training step does for each batch.
+
+    Raises:
+        ValueError: naming the argument, the first bad row (and column) and
+            the fix.
+    """
+    if value is None:
+        return
+    base = 1 if current_language() == "r" else 0
+    for path, leaf in keras.tree.flatten_with_path(value):
+        report = _nonfinite_report(np.asarray(leaf))
+        if report is None:
+            continue
+        nan, inf, rows, first = report
+        counts = " and ".join(f"{n} {kind}" for n, kind in
+                              ((nan, "NaN"), (inf, "inf")) if n)
+        where = f"row {first[0] + base}"
+        if len(first) == 2:
+            where += f", column {first[1] + base}"
+        elif len(first) > 2:
+            where += f", position {[i + base for i in first[1:]]} in that row"
+        raise ValueError(
+            f"Invalid `{_leaf_name(name, path)}`: received {counts} "
+            f"value{'s' if nan + inf > 1 else ''} in {rows} "
+            f"row{'s' if rows > 1 else ''}, the first in {where} (counted "
+            f"from {base}). Trained on, a NaN or inf turns every weight into "
+            "NaN without an error. Remove or replace those rows (e.g. "
+            "impute missing values) before calling "
+            f"{api('distributed_dataset', 'x, y, ...')}."
+        )
+
+
+def _check_dataset_targets(dataset):
+    """Refuses a dataset of `(features, targets)` whose targets are strings."""
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) < 2:
+        return
+    if any(s.dtype == tf.string for s in keras.tree.flatten(spec[1])
+           if isinstance(s, tf.TensorSpec)):
+        raise ValueError(
+            "Invalid `x`: received a tf.data.Dataset whose targets (the "
+            "second element of each example) are strings; losses compute on "
+            "numbers. Map each class to an integer index from 0 first, e.g. "
+            "with dataset.map() and a keras.layers.StringLookup.")
+
+
 def _from_arrays(x, y):
     if isinstance(x, tf.data.Dataset):
         if y is not None:
@@ -179,6 +182,7 @@ def _from_arrays(x, y):
                 "pass the dataset of single examples (drop its .batch(), or "
                 "call .unbatch() on it)."
             )
+        _check_dataset_targets(x)
         cardinality = int(x.cardinality())
         if cardinality == 0:
             raise ValueError(
@@ -194,6 +198,9 @@ def _from_arrays(x, y):
     x, y = _several_arrays(x), _several_arrays(y)
     _check_not_scalar("x", x)
     _check_not_scalar("y", y)
+    check_numeric_y("y", y)
+    _check_finite("x", x)
+    _check_finite("y", y)
     arrays = x if y is None else (x, y)
     rows = _rows(arrays)
     if rows == 0:
@@ -282,7 +289,7 @@ def _check_seed(seed):
     )
 
 
-def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
+def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed, clock):
     shuffle = check_flag("shuffle", shuffle)
     seed = _check_seed(seed)
     if not shuffle:
@@ -298,21 +305,20 @@ def _shuffled(dataset, rows, shuffle, shuffle_buffer, seed):
     shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, 1)
     if seed is None:
         return dataset.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
-    return _epoch_keyed_shuffle(dataset, rows, shuffle_buffer, seed)
+    return _epoch_keyed_shuffle(dataset, rows, shuffle_buffer, seed, clock)
 
 
-def _epoch_keyed_shuffle(dataset, rows, buffer, seed):
+def _epoch_keyed_shuffle(dataset, rows, buffer, seed, clock):
     """A shuffle whose order in epoch e depends on (seed, e) only.
 
-    The epoch is the one announced by `set_training_epoch` when an
-    iteration starts; without one, the dataset counts its own iterations
-    (every iteration reshuffles, as `reshuffle_each_iteration=True` does).
+    `clock` (the dataset's `EpochClock`) says which epoch an iteration is
+    when it starts: the one the training loop announced, or else the count
+    of this dataset's iterations (every iteration reshuffles, as
+    `reshuffle_each_iteration=True` does).
     """
-    iterations = itertools.count()
 
     def epoch_seed():
-        epoch = training_epoch()
-        epoch = next(iterations) if epoch is None else epoch
+        epoch = clock.next_epoch()
         return np.int64(hash((seed, epoch)) & 0x7FFFFFFFFFFFFFFF)
 
     def one_epoch(_):
@@ -442,7 +448,11 @@ def distributed_dataset(
         shuffle: Shuffle the examples anew every epoch.
         shuffle_buffer: Shuffle buffer size; None for the whole data (its
             size must then be known).
-        seed: Shuffle seed, for reproducible orders.
+        seed: Shuffle seed, for reproducible orders: epoch e is then
+            shuffled by (seed, e) only. The dataset owns the count of its
+            epochs (`epochs.epoch_clock`); give it to
+            `checkpoint_callbacks(..., data=...)` and a resumed run replays
+            the interrupted epoch's order exactly.
         cache: None (or False); `"memory"` (or True) to keep the examples
             in memory after the first epoch; or a file path prefix for an
             on-disk cache (for data read from slow or remote storage), e.g.
@@ -462,6 +472,10 @@ def distributed_dataset(
 
     Raises:
         ValueError: for invalid arguments; the message names the argument.
+            In-memory `x` and `y` are checked before any training: NaN or
+            inf values (named by row and column) and string targets are
+            refused, as they would train silently into NaN weights or fail
+            inside TensorFlow.
         TypeError: for an unsupported `strategy`.
 
     Example:
@@ -499,7 +513,8 @@ def distributed_dataset(
         )
     dataset, rows = _from_arrays(x, y)
     dataset = _cached(dataset, cache)
-    dataset = _shuffled(dataset, rows, shuffle, shuffle_buffer, seed)
+    clock = EpochClock()
+    dataset = _shuffled(dataset, rows, shuffle, shuffle_buffer, seed, clock)
     batch = _global_batch(per_replica, replicas, rows)
     _warn_small_remainder(rows, batch, replicas, drop_remainder)
     _warn_uneven_final_batch(rows, batch, replicas, drop_remainder,
@@ -510,4 +525,6 @@ def distributed_dataset(
     dataset = dataset.with_options(options)
     if prefetch:
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    if shuffle and seed is not None:
+        setattr(dataset, EPOCH_CLOCK_ATTRIBUTE, clock)
     return dataset

@@ -20,6 +20,7 @@ import tensorflow as tf
 from multigpu import inputs, internals
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int
+from multigpu.checkpoints.backup import AtomicBackupAndRestore
 from multigpu.messages import api, literal, setting
 
 
@@ -220,6 +221,20 @@ def _run_epochs(model, data, callbacks, epochs, initial_epoch):
     return logs
 
 
+def _give_data_to_checkpoints(callbacks, dataset):
+    """Tells the checkpoint callbacks which dataset they resume.
+
+    `fit` cannot (Keras gives callbacks the model only); here the dataset
+    is known, so a seeded `distributed_dataset` is told each epoch without
+    `checkpoint_callbacks(..., data=...)`.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        return
+    for callback in callbacks if isinstance(callbacks, (list, tuple)) else ():
+        if isinstance(callback, AtomicBackupAndRestore) and callback.data is None:
+            callback.set_data(dataset)
+
+
 def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
                     callbacks=None, initial_epoch=0):
     """Trains a compiled model with `strategy.run`; a `fit` for any strategy.
@@ -273,6 +288,7 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     inputs.check_batched("dataset", dataset, model)
     data, steps = _distribute(dataset, strategy)
     _build(model, strategy, dataset)
+    _give_data_to_checkpoints(callbacks, dataset)
     if verbose == "auto":
         verbose = 1
     callback_list = keras.callbacks.CallbackList(

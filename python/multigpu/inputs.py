@@ -210,7 +210,12 @@ def _check_numeric_x(name, x, model):
                 "pipeline.")
 
 
-def _check_numeric_y(name, y):
+def check_numeric_y(name, y):
+    """Refuses string targets, naming `name` and how to encode them.
+
+    Raises:
+        ValueError: if a leaf of `y` holds strings.
+    """
     for leaf in keras.tree.flatten(y):
         dtype = _string_dtype(leaf)
         if dtype:
@@ -449,7 +454,7 @@ def check_data(model, method, x, y=None, sample_weight=None, name=None):
     _check_numeric_x(names[0], x, model)
     if y is not None:
         _check_dense(names[1], y, model)
-        _check_numeric_y(names[1], y)
+        check_numeric_y(names[1], y)
         _check_labels(names[1], model, y)
     if sample_weight is not None:
         _check_sample_weight(names[2], model, sample_weight)

@@ -165,19 +165,24 @@ def reshuffles_each_iteration(dataset):
     return bool(getattr(dataset, "_reshuffle_each_iteration", False))
 
 
-def adapter_shuffles(adapter):
-    """Whether a Keras data adapter of arrays shuffles them (`fit(shuffle=)`)."""
-    return bool(getattr(adapter, "_shuffle", False))
-
-
-def adapter_dataset(adapter):
-    """The `tf.data.Dataset` a Keras data adapter reads, or None."""
-    return getattr(adapter, "_dataset", None)
-
-
 def validates_for_fit(evaluate_arguments):
     """Whether an `evaluate` call is Keras's `fit` validating (by name).
 
     `fit` runs its validation as `evaluate(..., _use_cached_eval_dataset=True)`.
     """
     return bool(evaluate_arguments.get("_use_cached_eval_dataset"))
+
+
+# The checkpoint callbacks' hook (`multigpu.checkpoints`): the random state
+# Keras saves with no model.
+
+
+def global_seed_generator():
+    """The `keras.random.SeedGenerator` of unseeded `keras.random` calls, or None.
+
+    Keras keeps it in its global state (created by the first unseeded draw)
+    and saves it with no model; a resumed run restores its state.
+    """
+    from keras.src.backend.common import global_state
+
+    return global_state.get_global_attribute("global_seed_generator")

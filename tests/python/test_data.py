@@ -244,18 +244,80 @@ def test_numpy_scalars_are_accepted(rng):
 
 
 def test_a_seeded_order_depends_on_the_epoch_not_on_the_global_seed(rng):
-    from multigpu import data as data_lib
+    from multigpu import epochs
     x, y = data(rng, 32)
     orders = {}
     for global_seed in (1, 2):
         tf.random.set_seed(global_seed)
         dataset = multigpu.distributed_dataset(x, y, 4, shuffle=True, seed=5)
-        try:
-            for epoch in (0, 1):
-                data_lib.set_training_epoch(epoch)
-                orders[global_seed, epoch] = _rows(dataset)
-        finally:
-            data_lib.set_training_epoch(None)
+        for epoch in (0, 1):
+            epochs.epoch_clock(dataset).announce(epoch)
+            orders[global_seed, epoch] = _rows(dataset)
     np.testing.assert_array_equal(orders[1, 0], orders[2, 0])
     np.testing.assert_array_equal(orders[1, 1], orders[2, 1])
     assert not np.array_equal(orders[1, 0], orders[1, 1])
+
+
+# In-memory data is checked before any training: NaN/inf and string targets
+# trained silently into NaN weights or failed inside TensorFlow.
+@pytest.mark.parametrize("where, message", [
+    ("x", r"^Invalid `x`: received 1 NaN value in 1 row, the first in row 5, "
+          r"column 2 \(counted from 0\)\..*NaN without an error\. Remove or "
+          r"replace those rows .*multigpu\.distributed_dataset\("),
+    ("y", r"^Invalid `y`: received 2 inf values in 1 row, the first in row 5"),
+])
+def test_nan_or_inf_in_memory_is_named_by_argument_row_and_column(
+        rng, where, message):
+    x, y = data(rng, 16)
+    if where == "x":
+        x[5, 2] = np.nan
+    else:
+        y[5, :2] = np.inf
+    with pytest.raises(ValueError, match=message):
+        multigpu.distributed_dataset(x, y, 4)
+
+
+def test_nan_in_a_dict_of_inputs_names_the_input_and_r_counts_from_1(rng):
+    from multigpu.messages import language
+    x, y = data(rng, 16)
+    x[3, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^Invalid `x\['a'\]`: .*row 3, column 0"):
+        multigpu.distributed_dataset({"a": x}, y, 4)
+    with language("r"), pytest.raises(
+            ValueError, match=r'^Invalid `x\[\["a"\]\]`: .*row 4, column 1 '
+                              r"\(counted from 1\).*distributed_dataset\(x, y"):
+        multigpu.distributed_dataset({"a": x}, y, 4)
+
+
+def test_nan_data_never_reaches_a_plain_fit_under_mirrored_strategy(rng):
+    strategy = multigpu.mirrored_strategy(2)
+    x, y = data(rng, 16)
+    x[0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"^Invalid `x`: received 1 NaN"):
+        multigpu.distributed_dataset(x, y, 4, strategy=strategy)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: (x, np.array(list("abcd") * 4)),
+    lambda x: (x, np.array(list("abcd") * 4, dtype=object)),
+])
+def test_string_labels_are_named_with_the_fix(rng, make):
+    x, y = make(data(rng, 16)[0])
+    with pytest.raises(ValueError, match=r"^Invalid `y`: received strings "
+                       r".*integer index from 0"):
+        multigpu.distributed_dataset(x, y, 4)
+
+
+def test_a_dataset_of_string_targets_is_named_with_the_fix(rng):
+    x, _ = data(rng, 16)
+    examples = tf.data.Dataset.from_tensor_slices((x, np.array(list("ab") * 8)))
+    with pytest.raises(ValueError, match=r"^Invalid `x`: .*targets .* are "
+                       r"strings.*StringLookup"):
+        multigpu.distributed_dataset(examples)
+
+
+def test_string_features_and_finite_data_are_accepted(rng):
+    x, y = data(rng, 16)
+    names = np.array(["word"] * 16)
+    dataset = multigpu.distributed_dataset((x, names), y, 4)
+    assert int(dataset.cardinality()) == 4

@@ -12,13 +12,24 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "multigpu"
 
 
+# Every module of the package, subpackages (`multigpu.checkpoints`) included.
+MODULE_FILES = sorted(PACKAGE.rglob("*.py"))
+
+
 def _module_name(path):
-    return "multigpu" if path.stem == "__init__" else f"multigpu.{path.stem}"
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_of(path):
+    """The package a relative import in `path` starts from."""
+    name = _module_name(path)
+    return name if path.stem == "__init__" else name.rpartition(".")[0]
 
 
 def _imports(path):
     """`(module, names)` for every `multigpu` import in the file."""
-    modules = {_module_name(p) for p in PACKAGE.glob("*.py")}
+    modules = {_module_name(p) for p in MODULE_FILES}
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -27,7 +38,9 @@ def _imports(path):
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:  # relative: from . import x, from .x import y
-                module = "multigpu" + (f".{module}" if module else "")
+                base = _package_of(path).split(".")
+                base = ".".join(base[:len(base) - node.level + 1])
+                module = base + (f".{module}" if module else "")
             if module.split(".")[0] != "multigpu":
                 continue
             names = [alias.name for alias in node.names]
@@ -44,7 +57,7 @@ def import_graph():
     return {
         _module_name(path): {module for module, _ in _imports(path)}
         - {_module_name(path)}
-        for path in sorted(PACKAGE.glob("*.py"))
+        for path in MODULE_FILES
     }
 
 
@@ -87,7 +100,7 @@ def test_the_package_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODULE_FILES, ids=_module_name)
 def test_no_module_imports_a_private_name_of_another(path):
     private = [f"{module}.{name}" for module, names in _imports(path)
                for name in names if name.startswith("_")]
@@ -108,8 +121,8 @@ def _private_attributes_by_name(path):
 
 
 @pytest.mark.parametrize(
-    "path", sorted(p for p in PACKAGE.glob("*.py") if p.name != "internals.py"),
-    ids=lambda p: p.name)
+    "path", [p for p in MODULE_FILES if p.name != "internals.py"],
+    ids=_module_name)
 def test_only_internals_reads_private_attributes_by_name(path):
     # ruff's SLF001 catches `x._name`; this catches getattr(x, "_name").
     assert not _private_attributes_by_name(path)

@@ -44,7 +44,7 @@ class KillAtStep(keras.callbacks.Callback):
 
 def kill_inside_write(n):
     """Dies in the n-th commit: temporary file complete, not yet renamed."""
-    real_commit = checkpoints._commit
+    real_commit = checkpoints.atomic.commit
     count = [0]
 
     def commit(temp, path):
@@ -53,7 +53,7 @@ def kill_inside_write(n):
             _die()
         real_commit(temp, path)
 
-    checkpoints._commit = commit
+    checkpoints.atomic.commit = commit
 
 
 def build(devices=None):
@@ -94,8 +94,10 @@ def main():
         target = strategy
     data = multigpu.distributed_dataset(x, y, 4, strategy=target,
                                         shuffle=True, seed=3)
+    # fit_distributed gives the callbacks its dataset; fit cannot.
+    given = None if options.path == "fit_distributed" else data
     callbacks = multigpu.checkpoint_callbacks(options.checkpoint_dir,
-                                              save_freq=save_freq)
+                                              save_freq=save_freq, data=given)
     if options.kill_step:
         callbacks.append(KillAtStep(options.kill_step))
     if options.path == "fit_distributed":
