@@ -45,15 +45,15 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 
 #' Callbacks that checkpoint training and resume it after a crash
 #'
-#' Keras's own callbacks, made crash-safe by the Python core (every file is
-#' written under a temporary name and renamed into place):
-#' `BackupAndRestore` keeps the training state (weights, optimizer,
-#' random-generator states and the step reached) in `checkpoint_dir/backup`,
-#' so running the same `fit()` again after a failure resumes at the step after
-#' the last checkpoint, skipping the batches of the interrupted epoch already
-#' trained; with data whose order depends only on the epoch (unshuffled, or
-#' [distributed_dataset()] with a `seed`) it ends with the weights of an
-#' uninterrupted run. `ModelCheckpoint` writes full models,
+#' Two Keras callbacks, crash-safe (every file is written under a temporary
+#' name and renamed into place): a backup callback keeps the training state
+#' (weights, optimizer, random-generator states and the step reached) in
+#' `checkpoint_dir/backup`, so running the same `fit()` again after a failure
+#' resumes at the step after the last checkpoint, skipping the batches of the
+#' interrupted epoch already trained; with data whose order depends only on
+#' the epoch (unshuffled, or [distributed_dataset()] with a `seed`, given as
+#' `data`) it ends with the weights of an uninterrupted run. A model
+#' checkpoint callback writes full models,
 #' `ckpt-<epoch>.keras`, that [make_or_restore_model()] restores (the newest
 #' by epoch and batch, not by file time). A corrupt backup file is skipped
 #' with a warning; a full disk gives a classed error and keeps the committed
@@ -65,6 +65,10 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #'   number N to checkpoint every N batches (and at every epoch end).
 #' @param max_to_keep How many of the newest `ckpt-*.keras` models to keep,
 #'   a whole number >= 1, or `NULL` to keep them all.
+#' @param data The training dataset, or `NULL`. A [distributed_dataset()]
+#'   with `shuffle = TRUE` and a `seed` counts its own epochs; given here, it
+#'   is told each epoch, so a resumed epoch is shuffled as the interrupted
+#'   one was ([fit_distributed()] gives its dataset itself).
 #' @returns A list of two Keras callbacks, for `fit(callbacks = )`.
 #' @family checkpoints
 #' @export
@@ -81,8 +85,8 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #'              shuffle = FALSE, callbacks = callbacks)
 #' list.files(checkpoint_dir)   # the 2 newest models, and the state to resume from
 checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch",
-                                 max_to_keep = 3L) {
+                                 max_to_keep = 3L, data = NULL) {
   call_core("checkpoint_callbacks", as_path(checkpoint_dir),
             save_freq = if (is.character(save_freq)) save_freq else as_count(save_freq),
-            max_to_keep = as_count(max_to_keep))
+            max_to_keep = as_count(max_to_keep), data = data)
 }

@@ -23,7 +23,8 @@
 #'   whole data.
 #' @param seed Shuffle seed, a whole number, or `NULL`. With a seed, the
 #'   order of epoch e depends only on the seed and e, so a run resumed by
-#'   [checkpoint_callbacks()] sees the same batches as an uninterrupted one.
+#'   [checkpoint_callbacks()] (given the dataset as `data`) sees the same
+#'   batches as an uninterrupted one.
 #' @param cache `NULL` or `FALSE` for no cache; `TRUE` or `"memory"` to keep
 #'   the examples in memory after the first epoch (`dataset_cache()` in the
 #'   guide); or a file path prefix for a cache on disk, such as

@@ -14,8 +14,9 @@ test_that("checkpoint_callbacks() returns the core's two crash-safe callbacks", 
   dir <- file.path(withr::local_tempdir(), "ckpt")
   callbacks <- checkpoint_callbacks(dir)
   expect_length(callbacks, 2L)
-  expect_s3_class(callbacks[[1]], "keras.src.callbacks.backup_and_restore.BackupAndRestore")
-  expect_s3_class(callbacks[[2]], "keras.src.callbacks.model_checkpoint.ModelCheckpoint")
+  expect_s3_class(callbacks[[1]], "multigpu.checkpoints.backup.AtomicBackupAndRestore")
+  expect_s3_class(callbacks[[2]], "multigpu.checkpoints.model_checkpoint.AtomicModelCheckpoint")
+  expect_s3_class(callbacks[[1]], "keras.src.callbacks.callback.Callback")
   expect_true(dir.exists(dir))
   expect_identical(checkpoint_callbacks(dir, save_freq = 5)[[2]]$save_freq, 5L)
 })
@@ -107,11 +108,21 @@ test_that("make_or_restore_model() expands ~ in the directory", {
 
 test_that("training data that cannot be replayed is an R warning at the start", {
   skip_if_no_multigpu()
+  # Batches reshuffled by Dataset.shuffle: another order in a resumed epoch.
+  data <- distributed_dataset(iris_x(), iris_y(), per_replica_batch_size = 10)$shuffle(5L)
   model <- tiny_model()
   model |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+  # fit_distributed() gives its dataset to the callbacks itself.
   expect_warning(
-    model |> fit(iris_x(), iris_y(), epochs = 1, verbose = 0,
-                 callbacks = checkpoint_callbacks(withr::local_tempdir())),
-    "fit(shuffle = TRUE) shuffles arrays without a seed; pass shuffle = FALSE", fixed = TRUE
+    fit_distributed(model, data, epochs = 1, verbose = 0,
+                    callbacks = checkpoint_callbacks(withr::local_tempdir())),
+    "it shuffles with Dataset.shuffle(reshuffle_each_iteration=True)", fixed = TRUE
   )
+})
+
+test_that("data that is not a dataset is named", {
+  skip_if_no_multigpu()
+  expect_error(checkpoint_callbacks(withr::local_tempdir(), data = iris_x()),
+               "Invalid `data`: received an object of type ndarray",
+               class = "multigpu_type_error")
 })
