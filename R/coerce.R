@@ -131,7 +131,10 @@ as_device_list <- function(x, arg = deparse(substitute(x)),
     values
   }
   if (is.null(x) || inherits(x, "python.builtin.object")) return(x)
-  if (is.factor(x)) x <- as.character(x)
+  if (is.factor(x)) {
+    count_in_factor(x, arg, call)
+    x <- as.character(x)
+  }
   if (is.atomic(x) && anyNA(x) && !is.numeric(x) && !is.character(x)) {
     multigpu_abort(sprintf(
       "`%s` must not be NA: received %s. Use NULL for every device, a number of devices (e.g. %s = 2), GPU ids (e.g. %s = c(0, 1)) or device names.",
@@ -152,8 +155,27 @@ as_device_list <- function(x, arg = deparse(substitute(x)),
     x <- check_entries(unname(x))
     return(if (length(x) == 1L) x else as.list(x))
   }
-  if (is.character(x)) return(as.list(check_entries(unname(x))))
+  if (is.character(x)) {
+    x <- check_entries(unname(x))
+    # One string that spells a number goes as written ("2", not list("2")),
+    # so the core's message echoes what the user wrote.
+    if (length(x) == 1L && grepl("^\\s*[0-9]+\\s*$", x)) return(x)
+    return(as.list(x))
+  }
   x
+}
+
+# A device count given as a factor (gpus = factor(2)) is refused here: the
+# core would receive its level, a string, and echo that instead.
+count_in_factor <- function(x, arg, call) {
+  if (length(x) != 1L || is.na(x)) return(invisible())
+  level <- as.character(x)
+  if (!grepl("^\\s*[0-9]+\\s*$", level)) return(invisible())
+  number <- as.integer(level)
+  multigpu_abort(sprintf(
+    "Invalid `%s`: received factor(%s), a factor, neither a device count nor a device name. For %d devices pass the number: %s = %d.",
+    arg, describe(level), number, arg, number
+  ), call = call)
 }
 
 #' Check a TRUE/FALSE flag; NA is rejected, other types go to Python.

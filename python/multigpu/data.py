@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from multigpu.arguments import check_flag, check_int, is_int
 from multigpu.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
-from multigpu.inputs import check_numeric_y
+from multigpu.inputs import check_no_r_na, check_numeric_y
 from multigpu.messages import api, current_language, literal, literals, setting
 
 _SHARD_POLICIES = {
@@ -132,6 +132,7 @@ def _check_finite(name, value):
         return
     base = 1 if current_language() == "r" else 0
     for path, leaf in keras.tree.flatten_with_path(value):
+        check_no_r_na(_leaf_name(name, path), leaf)
         report = _nonfinite_report(np.asarray(leaf))
         if report is None:
             continue

@@ -27,7 +27,14 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int, is_int
-from multigpu.messages import api, current_language, literal, literals, setting
+from multigpu.messages import (
+    R_NA_INTEGER,
+    api,
+    current_language,
+    literal,
+    literals,
+    setting,
+)
 
 # What each method would do with no data, after "expected at least one row:".
 _NOTHING = {
@@ -286,7 +293,30 @@ def _check_labels(name, model, y):
         _check_class_indices(name, output, int(shape[-1]), labels, ignore)
 
 
+def check_no_r_na(name, values):
+    """Refuses R's integer NA, which reaches Python as the int32 -2^31.
+
+    A double NA arrives as NaN (the NaN checks name it); an integer or
+    factor NA would pass as the number -2147483648.
+
+    Raises:
+        ValueError: naming the argument, how many rows hold NA, the first
+            one (counted from 1) and the fix, when called from R.
+    """
+    values = np.asarray(values)
+    if current_language() != "r" or values.dtype != np.int32 or not values.ndim:
+        return
+    missing = (values.reshape(len(values), -1) == R_NA_INTEGER).any(axis=1)
+    if missing.any():
+        raise ValueError(
+            f"Invalid `{name}`: received NA in {int(missing.sum())} of "
+            f"{len(values)} rows (the first is row {int(np.argmax(missing)) + 1}); "
+            "Keras cannot train on a missing value. Remove those rows from "
+            f"x and y first, e.g. keep <- !is.na({name}), or impute them.")
+
+
 def _check_class_indices(name, output, classes, labels, ignore):
+    check_no_r_na(name, labels)
     rows = labels.shape[0] if labels.ndim else 1
     by_row = labels.reshape(rows, -1).astype("float64")
     considered = np.isfinite(by_row)  # NaN and inf: multigpu.finite's

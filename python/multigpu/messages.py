@@ -32,6 +32,10 @@ _language = contextvars.ContextVar("multigpu_message_language",
                                    default="python")
 
 
+# R's NA in an integer vector, as Python receives it (an int32).
+R_NA_INTEGER = -(2**31)
+
+
 def current_language():
     """The language messages are rendered in now: `"python"` or `"r"`."""
     return _language.get()
@@ -167,7 +171,8 @@ def _r_scalar(value):
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
     if isinstance(value, numbers.Integral):
-        return str(int(value))
+        # No R integer is -2^31: it is how R stores NA in an integer vector.
+        return "NA" if int(value) == R_NA_INTEGER else str(int(value))
     if isinstance(value, numbers.Real):
         value = float(value)
         if math.isnan(value):

@@ -394,3 +394,14 @@ def test_messages_read_in_r():
     with language("r"), pytest.raises(
             ValueError, match=r'output "scores" has 3 classes.*received -1 '):
         model.fit(_x(), _y() - 1, verbose=0)
+
+
+def test_an_r_integer_na_label_is_named_na():
+    from multigpu.messages import R_NA_INTEGER, language
+    model = _compiled("replicate")
+    labels = _y().astype("int32")
+    labels[2] = R_NA_INTEGER
+    with language("r"), pytest.raises(
+            ValueError, match=r"^Invalid `y`: received NA in 1 of 10 rows "
+                              r"\(the first is row 3\)"):
+        model.fit(_x(), labels, verbose=0)

@@ -321,3 +321,16 @@ def test_string_features_and_finite_data_are_accepted(rng):
     names = np.array(["word"] * 16)
     dataset = multigpu.distributed_dataset((x, names), y, 4)
     assert int(dataset.cardinality()) == 4
+
+
+def test_r_integer_na_is_named_na_not_its_int32_code(rng):
+    from multigpu.messages import R_NA_INTEGER, language
+    x, _ = data(rng, 16)
+    labels = np.zeros(16, "int32")
+    labels[[4, 9]] = R_NA_INTEGER
+    with language("r"), pytest.raises(
+            ValueError, match=r"^Invalid `y`: received NA in 2 of 16 rows "
+                              r"\(the first is row 5\).*!is\.na\(y\)"):
+        multigpu.distributed_dataset(x, labels, 4)
+    # From Python the same int32 is a number like any other.
+    multigpu.distributed_dataset(x, labels, 4)

@@ -78,3 +78,11 @@ def test_hints_about_data_read_in_each_language():
     assert "layer_embedding(mask_zero = TRUE)" in r[1]
     assert all(speaks("python", h) for h in python)
     assert all(speaks("r", h) and "=True" not in h for h in r)
+
+
+def test_r_integer_na_reads_na_in_r_only():
+    value = np.int32(messages.R_NA_INTEGER)
+    with messages.language("r"):
+        assert messages.literal(value) == "NA"
+        assert messages.literal([1, value]) == "c(1, NA)"
+    assert messages.literal(value) == "-2147483648"

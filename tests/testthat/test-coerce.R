@@ -72,9 +72,16 @@ test_that("as_device_list() sends names and R lists as Python lists, whatever th
   expect_identical(as_device_list(c("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
   expect_identical(as_device_list("/gpu:0"), list("/gpu:0"))
   expect_identical(as_device_list(factor(c("/cpu:0", "/cpu:1"))), list("/cpu:0", "/cpu:1"))
-  # gpus = "2" and gpus = factor(2) reach the core as list("2"), which says
-  # to write the number (tests/scenarios/invalid_gpus_count_as_string.json).
-  expect_identical(as_device_list(factor(2)), list("2"))
+  # gpus = "2" reaches the core as written, "2", which says to write the
+  # number (tests/scenarios/invalid_gpus_count_as_string.json); factor(2)
+  # is refused in R, echoed as the factor it is.
+  expect_identical(as_device_list("2"), "2")
+  expect_identical(as_device_list(" 12 "), " 12 ")
+  expect_identical(as_device_list(c("2", "3")), list("2", "3"))
+  expect_value_error(
+    as_device_list(factor(2), "gpus"),
+    "^Invalid `gpus`: received factor\\(\"2\"\\), a factor, neither a device count nor a device name\\. For 2 devices pass the number: gpus = 2\\.$"
+  )
   expect_identical(as_device_list(list(3)), list(3L))
   expect_identical(as_device_list(list(0, 2)), list(0L, 2L))
   expect_identical(as_device_list(list("/cpu:0", "/cpu:1")), list("/cpu:0", "/cpu:1"))
@@ -242,4 +249,25 @@ test_that("describe() shows values briefly", {
   expect_identical(describe(mean), "a function")
   expect_identical(describe(new.env()), "an object of class environment")
   expect_lte(nchar(describe(1:1000 + 0.5)), 70)
+})
+
+test_that("the core echoes gpus = \"2\" as written", {
+  skip_if_no_multigpu()
+  expect_error(multi_gpu_model(tiny_model(), gpus = "2"),
+               "received \"2\". \"2\" is a string, neither a device count nor a device name",
+               fixed = TRUE)
+})
+
+test_that("an NA in integer labels is named NA, not -2147483648", {
+  skip_if_no_multigpu()
+  parallel <- multi_gpu_model(tiny_model(), gpus = 2)
+  parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+  y <- as.integer(iris_y()) - 1L
+  y[c(3, 7)] <- NA
+  expect_error(parallel |> fit(iris_x(), y, epochs = 1, verbose = 0),
+               "Invalid `y`: received NA in 2 of 150 rows (the first is row 3)",
+               fixed = TRUE)
+  expect_error(distributed_dataset(iris_x(), y, per_replica_batch_size = 10),
+               "Invalid `y`: received NA in 2 of 150 rows (the first is row 3)",
+               fixed = TRUE)
 })
