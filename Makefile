@@ -36,6 +36,9 @@ export RETICULATE_PYTHON := $(CURDIR)/$(PY)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SITE := out/site
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+# Each step says when it starts and ends, so a log shows where the time went.
+START = @echo "== make $@: started $$(date +%T)"
+END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
@@ -47,7 +50,9 @@ demo: setup-python
 # The Debian packages first (one apt step), then pip and R's compiler side
 # by side: each keeps about one core busy.
 setup: setup-debs
+	$(START)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target setup-python setup-r
+	$(END)
 
 setup-debs:
 	bash .ci/apt-install.sh $(R_DEBS) $(DOCS_DEBS)
@@ -83,33 +88,43 @@ test: setup lint test-python
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.
 lint: setup-python
+	$(START)
 	$(PY) -m ruff check python tests bench
+	$(END)
 
 # Two pytest-xdist workers halve the wall time on CI's 2 cores; the slow
 # sweeps and the R parity (test-r-parity) are left out; --durations lists
 # the slowest tests, to keep CI within its time.
 test-python: setup-python slurm-up
+	$(START)
 	$(PY) -m pytest -q -m "not slow and not r_parity" --durations=15 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
 	  --ignore=tests/python/test_scenario_python.py
+	$(END)
 
 # The R package: NAMESPACE and man/ up to date, R CMD build (knits the
 # vignettes), the tarball installing itself, R CMD check with testthat.
 test-r: setup
+	$(START)
 	bash .ci/r-check.sh
+	$(END)
 
 # The shared scenarios through the keras3 R API (R embedded in a pytest
 # process of its own) compared with their Python run, which checks each one
 # with the same checks as test_scenario_python.py.
 test-r-parity: setup
+	$(START)
 	$(PY) -m pytest -q tests/python/test_scenario_parity_keras3.py
+	$(END)
 
 # A fresh R session with nothing configured trains after library(keras3);
 # library(multigpu) (reticulate builds the environment with uv); needs the
 # tarball test-r built.
 test-r-zero-setup: setup
+	$(START)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash .ci/r-zero-setup-test.sh \
 	  $$(ls out/r-check/multigpu_*.tar.gz)
+	$(END)
 
 # The Slurm tests need a single-node Slurm: .ci/slurm-up.sh installs and
 # starts it (as root; idempotent). Where it cannot, those tests skip saying
@@ -124,7 +139,9 @@ bench: setup-python
 # The harness runs once so it never rots: it must run and write its outputs
 # (out/bench-quick); the numbers are not checked.
 bench-quick: setup-python
+	$(START)
 	$(PY) -m bench --quick --output out/bench-quick
+	$(END)
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from
 # the docstrings, the benchmarks) into out/site and, at the same time,
@@ -133,6 +150,7 @@ bench-quick: setup-python
 # example failed, and four pages in headless Chromium without console
 # errors.
 docs: setup
+	$(START)
 	rm -rf $(SITE) out/pkgdown
 	bash .ci/docs-assets.sh out/docs-assets
 	bash .ci/beside.sh "NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict" \
@@ -141,3 +159,4 @@ docs: setup
 	cp -r out/docs-assets/vendor $(SITE)/r/
 	$(PY) .ci/docs-check.py $(SITE)
 	$(PY) .ci/docs-browser-check.py $(SITE) out/docs-screenshots
+	$(END)

@@ -54,7 +54,7 @@ test_that("with(strategy$scope(), ...) builds a mirrored model that fit(), evalu
   dataset <- distributed_dataset(data$x, data$y, per_replica_batch_size = 10,
                                  strategy = strategy)
   history <- model |> fit(dataset, epochs = 2, verbose = 0)
-  expect_identical(history$epochs, 1:2)
+  expect_length(history$metrics$loss, 2L)
   expect_identical(history$params$steps, 5L)
   scores <- model |> evaluate(dataset, verbose = 0)
   expect_named(scores, c("accuracy", "loss"), ignore.order = TRUE)
