@@ -70,7 +70,7 @@ test_that("make_or_restore_model() builds, then restores the newest checkpoint, 
   expect_identical(builder$calls(), 1L)
   history <- model |> fit(iris_x(), iris_y(), epochs = 2, batch_size = 50, verbose = 0,
                           shuffle = FALSE, callbacks = checkpoint_callbacks(dir))
-  expect_identical(history$epochs, 1:2)
+  expect_length(history$metrics$loss, 2L)
   expect_true(all(c("ckpt-1.keras", "ckpt-2.keras", "backup") %in% list.files(dir)))
 
   with(strategy$scope(), restored <- make_or_restore_model(dir, builder$build))
@@ -80,7 +80,7 @@ test_that("make_or_restore_model() builds, then restores the newest checkpoint, 
   # Running the same training again resumes after the last finished epoch.
   history <- restored |> fit(iris_x(), iris_y(), epochs = 3, batch_size = 50, verbose = 0,
                              shuffle = FALSE, callbacks = checkpoint_callbacks(dir))
-  expect_identical(history$epochs, 3L)
+  expect_length(history$metrics$loss, 1L)  # epoch 3 only
   expect_true("ckpt-3.keras" %in% list.files(dir))
 })
 
