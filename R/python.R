@@ -2,7 +2,7 @@
 # with reticulate::py_require() when the package loads, versions pinned by a
 # uv constraints file, and one check at the first call that needs Python.
 
-# The Python versions the core supports. tests/python/test_r_requirements.py
+# The Python versions the core supports. tests/python/test_install.py
 # checks this, and inst/python/constraints.txt, against pyproject.toml.
 supported_python <- ">=3.10,<3.14"
 
@@ -83,8 +83,9 @@ versions_problem <- function(versions, python,
   fix <- paste("Fix: restart R with nothing chosen (no RETICULATE_PYTHON or",
                "MULTIGPU_PYTHON) so that reticulate builds the environment",
                "multigpu declares, or run install_multigpu() and restart R.")
+  bounds <- regmatches(supported_python, gregexpr("[0-9.]+", supported_python))[[1]]
   version <- numeric_version(versions[["python"]])
-  if (version < "3.10" || version >= "3.14") {
+  if (version < bounds[[1]] || version >= bounds[[2]]) {
     return(sprintf("%s is Python %s; multigpu needs Python %s. %s", where,
                    versions[["python"]], supported_python, fix))
   }
