@@ -186,3 +186,12 @@ def global_seed_generator():
     from keras.src.backend.common import global_state
 
     return global_state.get_global_attribute("global_seed_generator")
+
+
+# Placement's hook (`multigpu.placement.graphs`): run metadata, the executed
+# partition graphs, is switched on and read through the eager context only.
+
+
+def eager_context():
+    """TensorFlow's eager context (its run-metadata switches and export)."""
+    return context.context()
