@@ -63,6 +63,10 @@ infer <- function(model, x, config) {
 
 run <- function(config_path) {
   config <- worker$load_config(config_path)
+  # keras3 (loaded with multigpu) makes a tensor when Keras is imported; R
+  # holds it until a collection, and TensorFlow's devices can only be
+  # configured while no tensor exists.
+  gc(verbose = FALSE)
   worker$configure_devices(config$devices, "multi_gpu_model")
   keras <- reticulate::import("keras")
   models <- reticulate::import("bench.models")
