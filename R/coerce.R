@@ -159,18 +159,21 @@ as_device_list <- function(x, arg = deparse(substitute(x)),
     x <- check_entries(unname(x))
     # One string that spells a number goes as written ("2", not list("2")),
     # so the core's message echoes what the user wrote.
-    if (length(x) == 1L && grepl("^\\s*[0-9]+\\s*$", x)) return(x)
+    if (length(x) == 1L && spells_count(x)) return(x)
     return(as.list(x))
   }
   x
 }
+
+# Whether a string spells a whole number, such as "2".
+spells_count <- function(text) grepl("^\\s*[0-9]+\\s*$", text)
 
 # A device count given as a factor (gpus = factor(2)) is refused here: the
 # core would receive its level, a string, and echo that instead.
 count_in_factor <- function(x, arg, call) {
   if (length(x) != 1L || is.na(x)) return(invisible())
   level <- as.character(x)
-  if (!grepl("^\\s*[0-9]+\\s*$", level)) return(invisible())
+  if (!spells_count(level)) return(invisible())
   number <- as.integer(level)
   multigpu_abort(sprintf(
     "Invalid `%s`: received factor(%s), a factor, neither a device count nor a device name. For %d devices pass the number: %s = %d.",

@@ -80,6 +80,27 @@ def fresh_function(model, attribute):
     return previous
 
 
+def sizes_and_node_defs(model, run, attribute):
+    """The tensor sizes and the executed node defs of one step.
+
+    The sizes come from an instrumented step function (the debugger adds
+    ops), so the node defs are taken from a fresh one. The caller restores
+    the model's own function afterwards.
+
+    Args:
+        model: The model whose step `run` runs.
+        run: A callable running one step.
+        attribute: The model's attribute holding the step function.
+
+    Returns:
+        `(sizes, node_defs)`.
+    """
+    sizes = communication.recorded_tensor_sizes(run)
+    fresh_function(model, attribute)
+    _, node_defs = executed_node_defs(run)
+    return sizes, node_defs
+
+
 def observe_step(model, x, y):
     """One step observed: its partition graphs, tensor sizes, op times.
 
@@ -91,9 +112,7 @@ def observe_step(model, x, y):
     with Restored(model):
         previous = fresh_function(model, attribute)
         try:
-            sizes = communication.recorded_tensor_sizes(run)
-            fresh_function(model, attribute)
-            _, node_defs = executed_node_defs(run)
+            sizes, node_defs = sizes_and_node_defs(model, run, attribute)
             run()  # warm-up outside run metadata, for the timed step
             nodes = [ExecutedNode(device, node.op, node.name)
                      for device, node in node_defs]
@@ -152,9 +171,7 @@ def step_traffic(model, x, y=None):
     with Restored(model):
         previous = fresh_function(model, attribute)
         try:
-            sizes = communication.recorded_tensor_sizes(run)
-            fresh_function(model, attribute)
-            _, node_defs = executed_node_defs(run)
+            sizes, node_defs = sizes_and_node_defs(model, run, attribute)
         finally:
             setattr(model, attribute, previous)
     return model_transfers(model, node_defs, sizes,
