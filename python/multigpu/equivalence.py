@@ -1,0 +1,509 @@
+"""Is multi-device training right? `check_equivalence` trains and compares.
+
+`check_equivalence(model, x, y, gpus, engine)` trains two copies of a
+compiled model for a few steps on the same batches, in the same order: the
+reference on one device, the other through an engine (`"replicate"` or
+`"mirrored"`, as `multi_gpu_model` runs them, or `"strategy"`: Keras's own
+`fit` under `mirrored_strategy()`). Both copies start from the model's
+weights, with a fresh optimizer of the model's config and the same loss and
+metrics; the model itself is not trained. The report says whether the two
+agree, quantity by quantity, and names the first one that differs with its
+likely cause: a layer whose output depends on the rows it sees
+(BatchNormalization normalizes each device's share with that share's
+statistics), random layers, or a loss summed over the rows instead of
+averaged under a strategy.
+"""
+
+import dataclasses
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from multigpu import devices as devices_lib
+from multigpu import strategy as strategy_lib
+from multigpu.arguments import check_int
+from multigpu.engines import multi_gpu_model
+from multigpu.functional import callable_graph
+from multigpu.messages import api, current_language, literal, literals, setting
+
+ENGINES = ("replicate", "mirrored", "strategy")
+DEFAULT_TOLERANCE = 1e-4
+BATCHNORM_STATISTICS = "batchnorm_statistics"
+# The order in which quantities are compared and reported; metrics follow
+# the loss, in the order Keras logs them.
+_STATE_QUANTITIES = ("weights", BATCHNORM_STATISTICS, "optimizer_state")
+
+
+@dataclasses.dataclass
+class EquivalenceReport:
+    """What `check_equivalence` found: does training through an engine agree?
+
+    Attributes:
+        equal: Whether every quantity agrees within the tolerance.
+        differences: Quantity -> largest absolute difference between the
+            engine's copy and the one-device reference: `"loss"`, each
+            metric Keras logs, `"weights"` (every weight but the
+            BatchNormalization statistics), `"batchnorm_statistics"` (moving
+            means and variances; only for models with BatchNormalization)
+            and `"optimizer_state"` (the optimizer's variables). Loss and
+            metrics are compared after every step, the rest after the last.
+        tolerance: A quantity agrees when its largest difference is at most
+            `tolerance * max(1, largest absolute reference value)`.
+        engine: `"replicate"`, `"mirrored"` or `"strategy"`.
+        devices: The devices the engine trained on.
+        steps: Training steps compared.
+        batch_size: Rows of each step's batch (the global batch).
+        first_difference: The first quantity (in the order of
+            `differences`) that does not agree, or None.
+        cause: The likely cause of that difference, with the fix, or None.
+    """
+
+    equal: bool
+    differences: dict
+    tolerance: float
+    engine: str
+    devices: list
+    steps: int
+    batch_size: int
+    first_difference: str = None
+    cause: str = None
+
+    def __str__(self):
+        head = (f"{self.steps} training steps of {self.batch_size} rows, "
+                f"one device against {setting('engine', self.engine)} on "
+                f"{len(self.devices)} devices: ")
+        if self.equal:
+            head += f"equal within {setting('tolerance', self.tolerance)}."
+        else:
+            head += (f"{self.first_difference} differs first (largest "
+                     f"difference {_number(self.differences[self.first_difference])}).")
+        width = max(len(name) for name in self.differences)
+        rows = [f"  {name:<{width}}  {_number(value)}"
+                for name, value in self.differences.items()]
+        lines = [head, "Largest absolute differences:", *rows]
+        if self.cause:
+            lines.append(f"Likely cause: {self.cause}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def _number(value):
+    return "inf" if math.isinf(value) else f"{value:.3g}"
+
+
+def _check_engine(engine):
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise ValueError(
+            f"Invalid `engine`: received {literal(engine)}; expected one of "
+            f"{literals(list(ENGINES))}: {literal('replicate')} and "
+            f"{literal('mirrored')} are the engines of {api('multi_gpu_model')}, "
+            f"{literal('strategy')} is Keras's fit under "
+            f"{api('mirrored_strategy')}.")
+    return engine
+
+
+def _check_tolerance(tolerance):
+    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+            or not math.isfinite(tolerance) or tolerance < 0):
+        raise ValueError(
+            f"Invalid `tolerance`: received {literal(tolerance)}; expected a "
+            f"number >= 0, e.g. {literal(DEFAULT_TOLERANCE)}.")
+    return float(tolerance)
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"Invalid `model`: received an object of type "
+            f"{type(model).__name__}; expected a compiled Keras model.")
+    if getattr(model, "template", None) is not None:
+        raise ValueError(
+            f"Invalid `model`: {literal(model.name)} already runs on several "
+            "devices; pass the model it was built from (its `template`), "
+            "compiled.")
+    if not model.compiled or getattr(model, "optimizer", None) is None:
+        raise ValueError(
+            f"Invalid `model`: {literal(model.name)} is not compiled. Compile "
+            "it with the optimizer, loss and metrics you train with: they "
+            "are what is compared.")
+    callable_graph(model)
+
+
+def _rows(x, name):
+    leaves = keras.tree.flatten(x)
+    if not leaves or any(not hasattr(leaf, "shape") or len(leaf.shape) == 0
+                         for leaf in leaves):
+        raise TypeError(
+            f"Invalid `{name}`: expected arrays (or a list or dict of "
+            "arrays) with one row per sample, not a dataset or generator: "
+            "the batches must be the same for both copies.")
+    return int(leaves[0].shape[0])
+
+
+def _batch_size(batch_size, rows, steps, replicas, engine):
+    """The global batch: given, or the most rows `steps` batches can have."""
+    if batch_size is None:
+        size = rows // steps // replicas * replicas
+        if size < replicas:
+            raise ValueError(
+                f"Invalid `x`: {rows} rows are too few for {steps} steps on "
+                f"{replicas} devices (at least one row per device and step, "
+                f"{steps * replicas} rows). Pass more rows or fewer `steps`.")
+        return size
+    size = check_int("batch_size", batch_size, replicas,
+                     f"an int >= {replicas} (one row per device at least)")
+    if size * steps > rows:
+        raise ValueError(
+            f"Invalid `batch_size`: received {literal(size)}, but {steps} "
+            f"steps need {size * steps} rows and `x` has {rows}. Pass a "
+            f"`batch_size` of at most {rows // steps}, or fewer `steps`.")
+    if engine == "strategy" and size % replicas:
+        raise ValueError(
+            f"Invalid `batch_size`: received {literal(size)} with "
+            f"{setting('engine', 'strategy')}; Keras's fit under a strategy "
+            f"needs a multiple of the {replicas} devices, e.g. "
+            f"{literal(size // replicas * replicas or replicas)}.")
+    return size
+
+
+def _compile_arguments(model):
+    """Fresh `compile` arguments: the model's loss, metrics and optimizer config.
+
+    Every copy gets objects of its own (metrics hold state; an optimizer
+    serves one model), made from the model's compile config, and an
+    optimizer of the class and config of the model's.
+    """
+    config = dict(model.get_compile_config())
+    # Losses hold no state: a loss Keras cannot look up by name (a function
+    # of the user's) is shared as it is.
+    loss = config.pop("loss", None)
+    try:
+        arguments = keras.saving.deserialize_keras_object(config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"Invalid `model`: the metrics {literal(model.name)} was "
+            "compiled with cannot be re-created from its compile config "
+            f"({error}). Register custom metrics with "
+            "keras.saving.register_keras_serializable().") from None
+    try:
+        arguments["loss"] = keras.saving.deserialize_keras_object(loss)
+    except (TypeError, ValueError):
+        arguments["loss"] = model.loss
+    optimizer = model.optimizer
+    arguments["optimizer"] = type(optimizer).from_config(optimizer.get_config())
+    return arguments
+
+
+def _copy_of(model):
+    """`model` rebuilt from its config, with its weights, not compiled.
+
+    Not `keras.models.clone_model`, which also compiles the copy from the
+    compile config and fails on a loss function Keras cannot look up.
+    """
+    try:
+        copy = type(model).from_config(model.get_config())
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"Invalid `model`: {literal(model.name)} cannot be rebuilt from "
+            f"its config ({error}). A subclassed model needs `get_config` "
+            "and `from_config` that rebuild it.") from None
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+class _StepLogs(keras.callbacks.Callback):
+    """Keeps the logs of every training step."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append({key: float(value)
+                           for key, value in (logs or {}).items()})
+
+
+def _train(model, x, y, batch_size):
+    logs = _StepLogs()
+    model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False,
+              verbose=0, callbacks=[logs])
+    return logs.steps
+
+
+@dataclasses.dataclass
+class _Trained:
+    logs: list
+    weights: list
+    optimizer_state: list
+
+
+def _optimizer_state(optimizer):
+    return [np.asarray(keras.ops.convert_to_numpy(v))
+            for v in optimizer.variables]
+
+
+def _train_reference(model, x, y, batch_size, device):
+    with tf.device(device):
+        copy = _copy_of(model)
+        copy.compile(**_compile_arguments(model))
+        logs = _train(copy, x, y, batch_size)
+    return _Trained(logs, copy.get_weights(), _optimizer_state(copy.optimizer))
+
+
+def _train_engine(model, x, y, batch_size, devices, engine):
+    if engine == "strategy":
+        strategy = strategy_lib.strategy_over(devices)
+        with strategy.scope():
+            copy = _copy_of(model)
+            copy.compile(**_compile_arguments(model))
+        logs = _train(copy, x, y, batch_size)
+        return _Trained(logs, copy.get_weights(),
+                        _optimizer_state(copy.optimizer))
+    template = _copy_of(model)
+    parallel = multi_gpu_model(template, gpus=list(devices), engine=engine)
+    parallel.compile(**_compile_arguments(model))
+    logs = _train(parallel, x, y, batch_size)
+    return _Trained(logs, template.get_weights(),
+                    _optimizer_state(parallel.optimizer))
+
+
+def _layers(model):
+    """Every layer of `model`, nested models' layers included."""
+    found = []
+    stack = list(getattr(model, "layers", []))
+    while stack:
+        layer = stack.pop(0)
+        found.append(layer)
+        stack.extend(getattr(layer, "layers", []))
+    return found
+
+
+def _batchnorm_positions(model):
+    """Positions in `model.weights` of BatchNormalization's moving statistics."""
+    statistics = {id(v) for layer in _layers(model)
+                  if isinstance(layer, keras.layers.BatchNormalization)
+                  for v in layer.non_trainable_weights}
+    return {i for i, v in enumerate(model.weights) if id(v) in statistics}
+
+
+def _largest(reference, other):
+    """Largest absolute difference and largest absolute reference value."""
+    difference, scale = 0.0, 0.0
+    if len(reference) != len(other):
+        return math.inf, 0.0
+    for a, b in zip(reference, other):
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            return math.inf, 0.0
+        if a.size == 0:
+            continue
+        gap = np.abs(a - b)
+        # NaN on one side only is as different as values get.
+        gap = np.where(np.isnan(a) & np.isnan(b), 0.0, gap)
+        gap = np.where(np.isnan(gap), np.inf, gap)
+        difference = max(difference, float(gap.max()))
+        finite = np.abs(a[np.isfinite(a)])
+        if finite.size:
+            scale = max(scale, float(finite.max()))
+    return difference, scale
+
+
+def _compare(reference, other, batchnorm):
+    """`{quantity: (difference, scale)}` in reporting order."""
+    compared = {}
+    names = list(reference.logs[0]) if reference.logs else []
+    for name in sorted(names, key=lambda n: n != "loss"):
+        ours = [[step[name]] for step in reference.logs]
+        theirs = [[step.get(name, math.nan)] for step in other.logs]
+        compared[name] = _largest(ours, theirs)
+
+    def split(weights, keep):
+        return [w for i, w in enumerate(weights) if (i in batchnorm) == keep]
+
+    compared["weights"] = _largest(split(reference.weights, False),
+                                   split(other.weights, False))
+    if batchnorm:
+        compared[BATCHNORM_STATISTICS] = _largest(
+            split(reference.weights, True), split(other.weights, True))
+    compared["optimizer_state"] = _largest(reference.optimizer_state,
+                                           other.optimizer_state)
+    return compared
+
+
+def _keras(python, r):
+    """A Keras call as the user writes it: keras3's R function in R."""
+    return r if current_language() == "r" else python
+
+
+def _loss_name(loss):
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) \
+        or type(loss).__name__
+
+
+def _scalar_losses(model, loss, x):
+    """The losses of `loss` that reduce the rows to one number themselves.
+
+    Each is called on `model`'s predictions for two rows of `x`: Keras's
+    losses return one value per row and reduce them after.
+    """
+    try:
+        rows = keras.tree.map_structure(lambda a: a[:2], x)
+        predictions = keras.tree.flatten(model(rows, training=False))
+        losses = keras.tree.flatten(loss)
+        if len(losses) != 1 or len(predictions) != 1:
+            return []
+        function = keras.losses.get(losses[0]) if isinstance(
+            losses[0], str) else losses[0]
+        call = function.call if isinstance(function, keras.losses.Loss) \
+            else function
+        target = keras.ops.zeros_like(predictions[0])
+        values = call(target, predictions[0])
+    except Exception:  # noqa: BLE001 - a cause is a hint, never an error
+        return []
+    return [function] if len(keras.ops.shape(values)) == 0 else []
+
+
+def _likely_cause(model, x, engine, devices, batch_size, quantity):
+    """Why `quantity` differs, as far as the model and engine tell."""
+    replicas = len(devices)
+    scalar = [] if engine == "replicate" else _scalar_losses(
+        model, model.loss, x)
+    if scalar:
+        return (
+            f"the loss {literal(_loss_name(scalar[0]))} returns one number "
+            "for all the rows it is given: it averages them "
+            "itself. Under a strategy each of the "
+            f"{replicas} devices computes it on its own rows, and the "
+            f"devices' gradients are summed: {replicas} averages instead of "
+            f"one, so the gradients (and the loss reported) are about "
+            f"{replicas} times one device's. Keras divides a loss by the "
+            "number of devices only when it reduces the rows itself. Fix: "
+            "return one loss value per row (leave out the mean or sum over "
+            "the batch) and let Keras reduce them "
+            f"({setting('reduction', 'sum_over_batch_size')}, the default).")
+    layers = _layers(model)
+    batchnorm = [layer for layer in layers
+                 if isinstance(layer, keras.layers.BatchNormalization)
+                 and not (getattr(layer, "synchronized", False)
+                          and engine != "replicate")]
+    if batchnorm:
+        names = literals([layer.name for layer in batchnorm[:3]], "and")
+        synchronized = _keras(
+            "keras.layers.BatchNormalization(synchronized=True)",
+            "layer_batch_normalization(synchronized = TRUE)")
+        fix = (f"{synchronized} with {setting('engine', 'strategy')} "
+               "computes the statistics over the whole batch")
+        return (
+            f"BatchNormalization ({names}): its output depends on the rows it "
+            f"sees. Each device normalizes its own share (about "
+            f"{batch_size // replicas} of the {batch_size} rows) with that "
+            "share's mean and variance, and its moving statistics follow "
+            "those per-device statistics, so the loss, the weights and the "
+            "moving statistics drift from one device's. Usually harmless "
+            f"with 32 or more rows per device; if not, {fix}.")
+    random = [layer for layer in layers if hasattr(layer, "seed_generator")]
+    if random:
+        names = literals([layer.name for layer in random[:3]], "and")
+        return (
+            f"random layers ({names}) draw other random numbers on every "
+            "device than on one, so the copies train on different masks or "
+            "noise. Not an error; to compare the rest, check a copy of the "
+            "model without them.")
+    return (
+        f"no layer or loss of this model explains it. Differences in "
+        f"{quantity} beyond float rounding mean the engine's step is not "
+        "one device's: a custom train_step, loss or layer that reads the "
+        "batch size or the replica context; please report it with the "
+        "model.")
+
+
+def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
+                      batch_size=None, tolerance=DEFAULT_TOLERANCE):
+    """Trains copies of a model on one device and through an engine; compares.
+
+    Both copies start from `model`'s weights, get an optimizer of
+    `model.optimizer`'s class and config (fresh state), `model`'s loss and
+    metrics, and train for `steps` steps on the same batches in the same
+    order (the first `steps * batch_size` rows of `x`, not shuffled). The
+    reference trains on the first device; the other through `engine`:
+    `"replicate"` or `"mirrored"` (`multi_gpu_model(copy, gpus, engine)`),
+    or `"strategy"` (the copy built from `model`'s config and weights and
+    compiled under `mirrored_strategy(gpus)`'s scope, then Keras's own
+    `fit`). `model` is not changed.
+
+    Args:
+        model: A compiled Keras model (Sequential or functional; a
+            subclassed model needs `get_config`), the template, not a model
+            `multi_gpu_model` returned.
+        x: Inputs: an array, or a list or dict of arrays, with at least
+            `steps * batch_size` rows.
+        y: Targets for `x`.
+        gpus: The devices, as for `multi_gpu_model`: `None` (every GPU, or
+            every logical CPU device), an int >= 2, ids or device names.
+        engine: `"replicate"`, `"mirrored"` or `"strategy"`.
+        steps: Training steps to compare, an int >= 1.
+        batch_size: Rows per step (the global batch); `None` takes the
+            largest multiple of the device count that leaves `steps`
+            batches in `x`. With `"strategy"`, a multiple of the devices.
+        tolerance: Relative tolerance, a number >= 0; a quantity agrees
+            when its largest absolute difference is at most
+            `tolerance * max(1, largest absolute reference value)`.
+
+    Returns:
+        An `EquivalenceReport`: `equal`, `differences` (quantity -> largest
+        absolute difference), `tolerance`, `first_difference` and `cause`;
+        printing it names the first quantity that differs and its likely
+        cause.
+
+    Raises:
+        ValueError: for an unknown engine, invalid `gpus`, `steps`,
+            `batch_size` or `tolerance`, too few rows, or a model that is
+            not compiled or cannot be copied.
+        TypeError: if `model` is not a Keras model, or `x` or `y` are not
+            arrays.
+
+    Example:
+    >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+    ...               metrics=["accuracy"])
+    >>> report = multigpu.check_equivalence(model, x, y, gpus=4,
+    ...                                     engine="mirrored")
+    >>> report.equal
+    True
+    >>> print(report)   # the largest difference of every quantity
+    """
+    _check_model(model)
+    engine = _check_engine(engine)
+    steps = check_int("steps", steps, 1)
+    tolerance = _check_tolerance(tolerance)
+    devices = devices_lib.resolve_devices(gpus)
+    rows = _rows(x, "x")
+    if _rows(y, "y") != rows:
+        raise ValueError(
+            f"Invalid `y`: it has {_rows(y, 'y')} rows and `x` has {rows}; "
+            "pass one target row per input row.")
+    size = _batch_size(batch_size, rows, steps, len(devices), engine)
+
+    def first(data):
+        return keras.tree.map_structure(lambda a: a[:steps * size], data)
+
+    x, y = first(x), first(y)
+    reference = _train_reference(model, x, y, size, devices[0])
+    other = _train_engine(model, x, y, size, devices, engine)
+    compared = _compare(reference, other, _batchnorm_positions(model))
+    differences = {name: difference
+                   for name, (difference, _) in compared.items()}
+    differing = [name for name, (difference, scale) in compared.items()
+                 if not difference <= tolerance * max(1.0, scale)]
+    report = EquivalenceReport(
+        equal=not differing, differences=differences, tolerance=tolerance,
+        engine=engine, devices=list(devices), steps=steps, batch_size=size)
+    if differing:
+        report.first_difference = differing[0]
+        report.cause = _likely_cause(model, x, engine, devices, size,
+                                     differing[0])
+    return report

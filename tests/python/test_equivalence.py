@@ -1,0 +1,187 @@
+"""check_equivalence: a correct model agrees on every engine; the two broken
+set-ups (BatchNormalization on per-device shares, a loss averaged by the
+user under a strategy) are reported with their cause."""
+
+import keras
+import numpy as np
+import pytest
+
+import multigpu
+from multigpu import messages
+from multigpu.equivalence import EquivalenceReport, check_equivalence
+
+ENGINES = ["replicate", "mirrored", "strategy"]
+
+
+def _data(rng, rows=48, targets="classes"):
+    x = rng.normal(size=(rows, 6)).astype("float32")
+    if targets == "classes":
+        return x, rng.integers(0, 3, rows).astype("int32")
+    return x, rng.normal(size=(rows, 1)).astype("float32")
+
+
+def _classifier(batchnorm=False, synchronized=False):
+    layers = [keras.Input((6,)), keras.layers.Dense(8, activation="relu")]
+    if batchnorm:
+        layers.append(keras.layers.BatchNormalization(
+            synchronized=synchronized, name="norm"))
+    layers.append(keras.layers.Dense(3, activation="softmax"))
+    return keras.Sequential(layers, name="classifier")
+
+
+def _regressor():
+    return keras.Sequential([keras.Input((6,)),
+                             keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(1)], name="regressor")
+
+
+def _mean_of_squares(y_true, y_pred):
+    """A loss that averages the rows itself (returns one number)."""
+    return keras.ops.mean(keras.ops.square(y_true - y_pred))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_correct_model_is_equal_on_every_engine(engine, rng):
+    x, y = _data(rng)
+    model = _classifier()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    before = model.get_weights()
+    report = check_equivalence(model, x, y, gpus=4, engine=engine)
+    assert isinstance(report, EquivalenceReport)
+    assert report.equal, str(report)
+    assert list(report.differences) == ["loss", "accuracy", "weights",
+                                        "optimizer_state"]
+    assert all(0 <= d <= 1e-5 for d in report.differences.values())
+    assert report.first_difference is None and report.cause is None
+    assert (report.steps, report.batch_size, len(report.devices)) == (3, 16, 4)
+    assert "equal within tolerance=0.0001" in str(report)
+    # The model itself is not trained, nor its optimizer used.
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert not model.optimizer.built
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_batchnorm_is_reported_as_different(engine, rng):
+    x, y = _data(rng)
+    model = _classifier(batchnorm=True)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=4, engine=engine)
+    assert not report.equal
+    assert list(report.differences) == ["loss", "weights",
+                                        "batchnorm_statistics",
+                                        "optimizer_state"]
+    assert report.differences["batchnorm_statistics"] > 1e-3
+    assert report.differences["weights"] > 1e-3
+    assert report.first_difference == "loss"
+    assert "BatchNormalization ('norm')" in report.cause
+    assert "about 4 of the 16 rows" in report.cause
+    text = str(report)
+    assert "loss differs first" in text
+    assert "Likely cause: BatchNormalization" in text
+    assert ("keras.layers.BatchNormalization(synchronized=True) with "
+            "engine='strategy'") in text
+
+
+def test_synchronized_batchnorm_is_equal_under_a_strategy(rng):
+    # The fix the report suggests for BatchNormalization.
+    x, y = _data(rng)
+    model = _classifier(batchnorm=True, synchronized=True)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=4, engine="strategy")
+    assert report.equal, str(report)
+    assert report.differences["batchnorm_statistics"] < 1e-5
+
+
+def test_a_loss_averaged_by_the_user_is_reported_under_a_strategy(rng):
+    x, y = _data(rng, targets="values")
+    model = _regressor()
+    model.compile(optimizer="sgd", loss=_mean_of_squares, metrics=["mae"])
+    report = check_equivalence(model, x, y, gpus=4, engine="strategy")
+    assert not report.equal
+    assert report.first_difference == "loss"
+    assert report.differences["weights"] > 1e-3
+    assert "'_mean_of_squares' returns one number" in report.cause
+    assert "about 4 times one device's" in report.cause
+    assert "reduction='sum_over_batch_size'" in report.cause
+    # On the replicate engine Keras computes that loss on the whole batch.
+    assert check_equivalence(model, x, y, gpus=4, engine="replicate").equal
+
+
+def test_a_summed_loss_is_equal_under_a_strategy(rng):
+    # Keras 3 leaves a loss with reduction="sum" unscaled under a strategy:
+    # the replicas' sums add up to one device's sum. The check says so
+    # (this test fails when Keras changes it).
+    x, y = _data(rng)
+    model = _classifier()
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+        reduction="sum"))
+    report = check_equivalence(model, x, y, gpus=4, engine="strategy")
+    assert report.equal, str(report)
+
+
+def test_random_layers_are_named_as_the_cause(rng):
+    x, y = _data(rng)
+    model = keras.Sequential([keras.Input((6,)),
+                              keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dropout(0.5, name="drop"),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=2, engine="replicate",
+                               steps=2)
+    assert not report.equal
+    assert "random layers ('drop')" in report.cause
+
+
+def test_batch_size_and_tolerance(rng):
+    x, y = _data(rng)
+    model = _classifier(batchnorm=True)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=2, engine="replicate",
+                               steps=2, batch_size=10, tolerance=10.0)
+    assert (report.steps, report.batch_size) == (2, 10)
+    assert report.equal and report.tolerance == 10.0
+
+
+def test_the_report_speaks_r_in_r(rng):
+    x, y = _data(rng)
+    model = _classifier(batchnorm=True)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with messages.language("r"):
+        report = check_equivalence(model, x, y, gpus=2, engine="mirrored",
+                                   steps=1)
+        text = str(report)
+    assert 'engine = "mirrored"' in text
+    assert ('layer_batch_normalization(synchronized = TRUE) with '
+            'engine = "strategy"') in report.cause
+
+
+def test_bad_arguments_are_refused_with_the_fix(rng):
+    x, y = _data(rng, rows=12)
+    model = _classifier()
+    with pytest.raises(ValueError, match="is not compiled"):
+        check_equivalence(model, x, y, gpus=2)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    with pytest.raises(ValueError, match="Invalid `engine`: received 'auto'"):
+        check_equivalence(model, x, y, gpus=2, engine="auto")
+    with pytest.raises(ValueError, match="Invalid `steps`"):
+        check_equivalence(model, x, y, gpus=2, steps=0)
+    with pytest.raises(ValueError, match="rows are too few"):
+        check_equivalence(model, x, y, gpus=4, steps=4)
+    with pytest.raises(ValueError, match="steps need 18 rows"):
+        check_equivalence(model, x, y, gpus=2, batch_size=6)
+    with pytest.raises(ValueError, match="a multiple of the 4 devices, e.g. 4"):
+        check_equivalence(model, x, y, gpus=4, engine="strategy",
+                          batch_size=6, steps=2)
+    with pytest.raises(ValueError, match="Invalid `tolerance`"):
+        check_equivalence(model, x, y, gpus=2, tolerance=-1)
+    with pytest.raises(ValueError, match="`y`: it has 11 rows"):
+        check_equivalence(model, x, y[:11], gpus=2)
+    with pytest.raises(TypeError, match="not a dataset"):
+        check_equivalence(model, [1, 2], y, gpus=2)
+    with pytest.raises(TypeError, match="expected a compiled Keras model"):
+        check_equivalence("model", x, y, gpus=2)
+    parallel = multigpu.multi_gpu_model(model, gpus=2)
+    with pytest.raises(ValueError, match="its `template`"):
+        check_equivalence(parallel, x, y, gpus=2)
