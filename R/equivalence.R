@@ -1,0 +1,114 @@
+#' Does training on several devices give one device's numbers?
+#'
+#' Trains two copies of a compiled model for `steps` steps on the same
+#' batches, in the same order (the first `steps * batch_size` rows of `x`,
+#' not shuffled): one on a single device, the other through `engine`, and
+#' compares what they logged and learned. `"replicate"` and `"mirrored"` are
+#' the engines of [multi_gpu_model()]; `"strategy"` builds the copy from the
+#' model's config and weights under [mirrored_strategy()]'s scope and trains
+#' it with keras3's own `fit()`. Both copies start from the model's weights,
+#' with a new optimizer of the model's optimizer's class and settings and the
+#' model's loss and metrics; `model` itself is not trained.
+#'
+#' A quantity agrees when its largest absolute difference is at most
+#' `tolerance * max(1, largest absolute value of the one-device copy)`.
+#' Loss and metrics are compared after every step, weights and optimizer
+#' state after the last. A layer whose output depends on the rows it sees
+#' (`layer_batch_normalization()`, which normalizes each device's share with
+#' that share's statistics) is reported as different, and so is, under a
+#' strategy, a loss function that averages the rows itself (each device's
+#' average is summed), each with its cause and fix.
+#'
+#' @param model A compiled Keras model, the one you would pass to
+#'   [multi_gpu_model()] (not the model it returns).
+#' @param x Inputs: a matrix or array, or a list of them, with at least
+#'   `steps * batch_size` rows.
+#' @param y Targets for `x` (a factor is sent as 0-based class codes).
+#' @param gpus The devices, as for [multi_gpu_model()]: `NULL` (every GPU,
+#'   or every logical CPU device), a count >= 2, GPU ids or device names.
+#' @param engine `"replicate"` (the default), `"mirrored"` or `"strategy"`.
+#' @param steps Training steps to compare, a whole number >= 1.
+#' @param batch_size Rows per step (the global batch); `NULL` takes the
+#'   largest multiple of the device count that leaves `steps` batches in
+#'   `x`. With `"strategy"`, a multiple of the number of devices.
+#' @param tolerance The relative tolerance, a number >= 0.
+#' @returns An object of class `multigpu_equivalence`, a list with `equal`
+#'   (`TRUE` when every quantity agrees), `differences` (a named numeric
+#'   vector, the largest absolute difference of `loss`, each metric,
+#'   `weights`, `batchnorm_statistics` (moving means and variances, only for
+#'   models with batch normalization) and `optimizer_state`), `tolerance`,
+#'   `first_difference` (the first quantity that differs, or `NULL`),
+#'   `cause` (its likely cause and fix, or `NULL`), `engine`, `devices`,
+#'   `steps` and `batch_size`. Printing it names the first quantity that
+#'   differs and its likely cause.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
+#' virtual_devices(2)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(16, activation = "relu") |>
+#'   layer_dense(3, activation = "softmax")
+#' model |> compile(loss = loss_sparse_categorical_crossentropy(),
+#'                  optimizer = optimizer_adam(),
+#'                  metrics = list(metric_sparse_categorical_accuracy()))
+#' x <- as.matrix(iris[, 1:4])
+#' report <- check_equivalence(model, x, iris$Species, gpus = 2)
+#' report$equal
+#' report$differences
+#' report   # prints the first quantity that differs, if any, and why
+check_equivalence <- function(model, x, y, gpus = NULL,
+                              engine = c("replicate", "mirrored", "strategy"),
+                              steps = 3, batch_size = NULL, tolerance = 1e-4) {
+  check_model(model)
+  if (missing(engine)) engine <- engine[[1L]]
+  dtype <- input_dtype(model)
+  report <- call_core("check_equivalence", model,
+                      x = as_model_data(x, dtype),
+                      y = as_model_data(y, dtype, arg = "y", targets = TRUE),
+                      gpus = as_device_list(gpus),
+                      engine = as_string(engine, null_ok = FALSE),
+                      steps = as_count(steps, null_ok = FALSE),
+                      batch_size = as_count(batch_size),
+                      tolerance = tolerance)
+  differences <- report$differences
+  structure(
+    list(equal = report$equal,
+         differences = vapply(differences, as.double, 0),
+         tolerance = report$tolerance,
+         first_difference = report$first_difference,
+         cause = report$cause,
+         engine = report$engine,
+         devices = unlist(report$devices),
+         steps = as.integer(report$steps),
+         batch_size = as.integer(report$batch_size),
+         text = with_python(reticulate::py_str(report))),
+    class = "multigpu_equivalence"
+  )
+}
+
+#' Print what check_equivalence() found
+#'
+#' Prints the number of steps and rows compared, whether the copies agree,
+#' the largest difference of every quantity, and, when one differs, the
+#' first that does and its likely cause, in R terms.
+#'
+#' @param x What [check_equivalence()] returned.
+#' @param ... Unused.
+#' @returns `x`, invisibly.
+#' @family multi-device training
+#' @export
+#' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
+#' library(keras3)
+#' virtual_devices(2)
+#' model <- keras_model_sequential(input_shape = 4) |>
+#'   layer_dense(8) |>
+#'   layer_batch_normalization() |>
+#'   layer_dense(1)
+#' model |> compile(loss = loss_mean_squared_error(), optimizer = optimizer_sgd())
+#' x <- matrix(runif(96), ncol = 4)
+#' print(check_equivalence(model, x, rowSums(x), gpus = 2, steps = 2))
+print.multigpu_equivalence <- function(x, ...) {
+  cat(x$text, "\n", sep = "")
+  invisible(x)
+}

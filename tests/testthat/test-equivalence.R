@@ -1,0 +1,106 @@
+# check_equivalence(): a correct model agrees on every engine; batch
+# normalization on per-device shares and, under a strategy, a loss that
+# averages the rows itself are reported with their cause, in R terms.
+
+equivalence_data <- function(rows = 48L) {
+  set.seed(3)
+  x <- matrix(rnorm(rows * 4L), ncol = 4L)
+  list(x = x, classes = factor(sample(c("a", "b", "c"), rows, replace = TRUE)),
+       values = matrix(rowSums(x), ncol = 1L))
+}
+
+normalized_model <- function() {
+  keras <- keras_py()
+  keras$Sequential(list(
+    keras$Input(shape = list(4L)),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$BatchNormalization(name = "norm"),
+    keras$layers$Dense(3L, activation = "softmax")
+  ))
+}
+
+test_that("a correct model trains alike on one device and on every engine", {
+  skip_if_no_multigpu()
+  data <- equivalence_data()
+  model <- tiny_model()
+  model$compile(optimizer = "adam", loss = "sparse_categorical_crossentropy",
+                metrics = list("accuracy"))
+  before <- model$get_weights()
+  for (engine in c("replicate", "mirrored", "strategy")) {
+    report <- check_equivalence(model, data$x, data$classes, gpus = 4,
+                                engine = engine)
+    expect_s3_class(report, "multigpu_equivalence")
+    expect_true(report$equal)
+    expect_named(report$differences,
+                 c("loss", "accuracy", "weights", "optimizer_state"))
+    expect_true(all(report$differences <= 1e-5))
+    expect_null(report$first_difference)
+    expect_null(report$cause)
+    expect_identical(report$engine, engine)
+    expect_identical(c(report$steps, report$batch_size), c(3L, 16L))
+    expect_length(report$devices, 4L)
+    expect_output(print(report), sprintf('engine = "%s" on 4 devices: equal within tolerance = 0.0001', engine))
+  }
+  expect_equal(model$get_weights(), before)
+})
+
+test_that("batch normalization on per-device shares is reported, with the fix in R", {
+  skip_if_no_multigpu()
+  data <- equivalence_data()
+  model <- normalized_model()
+  model$compile(optimizer = "sgd", loss = "sparse_categorical_crossentropy")
+  report <- check_equivalence(model, data$x, data$classes, gpus = 4)
+  expect_false(report$equal)
+  expect_identical(report$engine, "replicate")
+  expect_named(report$differences,
+               c("loss", "weights", "batchnorm_statistics", "optimizer_state"))
+  expect_gt(report$differences[["batchnorm_statistics"]], 1e-3)
+  expect_identical(report$first_difference, "loss")
+  expect_match(report$cause, "BatchNormalization (\"norm\")", fixed = TRUE)
+  expect_output(print(report), "loss differs first")
+  expect_output(print(report),
+                'layer_batch_normalization(synchronized = TRUE) with engine = "strategy"',
+                fixed = TRUE)
+})
+
+test_that("under a strategy, a loss that averages the rows itself is reported", {
+  skip_if_no_multigpu()
+  data <- equivalence_data()
+  main <- reticulate::py_run_string(paste(
+    "import keras",
+    "def mean_of_squares(y_true, y_pred):",
+    "    return keras.ops.mean(keras.ops.square(y_true - y_pred))",
+    sep = "\n"), convert = FALSE)
+  keras <- keras_py()
+  model <- keras$Sequential(list(keras$Input(shape = list(4L)),
+                                 keras$layers$Dense(8L, activation = "relu"),
+                                 keras$layers$Dense(1L)))
+  model$compile(optimizer = "sgd", loss = main$mean_of_squares)
+  report <- check_equivalence(model, data$x, data$values, gpus = 4,
+                              engine = "strategy", steps = 2)
+  expect_false(report$equal)
+  expect_identical(report$first_difference, "loss")
+  expect_match(report$cause, "\"mean_of_squares\" returns one number", fixed = TRUE)
+  expect_match(report$cause, 'reduction = "sum_over_batch_size"', fixed = TRUE)
+})
+
+test_that("check_equivalence() refuses bad arguments with R's words", {
+  skip_if_no_multigpu()
+  data <- equivalence_data(12L)
+  model <- tiny_model()
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2),
+               "is not compiled", class = "multigpu_value_error")
+  model$compile(optimizer = "sgd", loss = "sparse_categorical_crossentropy")
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2, engine = "auto"),
+               'Invalid `engine`: received "auto"', class = "multigpu_value_error")
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2, steps = NA),
+               class = "multigpu_value_error")
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2, steps = 0),
+               "Invalid `steps`", class = "multigpu_value_error")
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2, batch_size = 6),
+               "steps need 18 rows", class = "multigpu_value_error")
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 2, tolerance = -1),
+               "Invalid `tolerance`", class = "multigpu_value_error")
+  expect_error(check_equivalence("model", data$x, data$classes),
+               "must be a Keras model", class = "multigpu_type_error")
+})
