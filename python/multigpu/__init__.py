@@ -30,9 +30,12 @@ from multigpu.devices import (
 )
 from multigpu.distributed import fit_distributed
 from multigpu.engines import multi_gpu_model
+from multigpu.equivalence import EquivalenceReport, check_equivalence
 from multigpu.finite import NonFiniteInputError
+from multigpu.memory_plan import MemoryPlan, find_batch_size, memory_plan
 from multigpu.mirrored import MirroredModel
 from multigpu.model_parallel import PartitionedModel, model_parallel
+from multigpu.monitor import ScalingMonitor
 from multigpu.placement import executed_ops, placement_report
 from multigpu.plotting import plot_placement
 from multigpu.replicas import DataParallelReplicas, ParallelModel
@@ -43,19 +46,25 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataParallelReplicas",
+    "EquivalenceReport",
+    "MemoryPlan",
     "MirroredModel",
     "NonFiniteInputError",
     "ParallelModel",
     "PartitionedModel",
+    "ScalingMonitor",
     "StrategyUsageError",
     "available_devices",
     "canonical_device_name",
+    "check_equivalence",
     "checkpoint_callbacks",
     "distributed_dataset",
     "executed_ops",
+    "find_batch_size",
     "fit_distributed",
     "load_model",
     "make_or_restore_model",
+    "memory_plan",
     "mirrored_strategy",
     "model_parallel",
     "multi_gpu_model",

@@ -1,4 +1,4 @@
-"""Pictures of reports: a placement report as bars, one group per device.
+"""Pictures of reports: a placement report as bars, a scaling monitor as lines.
 
 The numbers are decided here, once, for both languages: `placement_bars`
 turns a report's rows into each device's share of the weights, ops, kernel
@@ -151,4 +151,79 @@ def plot_placement(report, ax=None):
     ax.set_ylabel("share of all devices")
     ax.set_ylim(0, 1.25)
     ax.legend(ncols=len(metrics), loc="upper center", frameon=False, fontsize=8)
+    return ax
+
+
+def scaling_lines(summary, history):
+    """The lines `plot_scaling` draws, decided once for both languages.
+
+    Args:
+        summary: `ScalingMonitor.summary()`.
+        history: `ScalingMonitor.history()`.
+
+    Returns:
+        A dict: `steps` and `samples_per_second` (per measured step), and
+        `levels`, a list of `(label, samples per second)` for the
+        horizontal lines: the one-device baseline and the ideal (the
+        baseline times the devices), when a baseline was measured.
+
+    Example:
+    >>> scaling_lines(monitor.summary(), monitor.history())["levels"]
+    [('one device', 2051.2...), ('ideal, 2 devices', 4102.4...)]
+    """
+    levels = []
+    baseline = summary.get("baseline_samples_per_second")
+    if baseline:
+        levels.append(("one device", baseline))
+        levels.append((f"ideal, {summary['devices']} devices",
+                       baseline * summary["devices"]))
+    return {"steps": list(history["step"]),
+            "samples_per_second": list(history["samples_per_second"]),
+            "levels": levels}
+
+
+def plot_scaling(monitor, ax=None):
+    """Draws a `ScalingMonitor`'s samples per second, step by step.
+
+    One line for the measured steps (the rows of a batch over each step's
+    time), and dashed horizontal lines for the one-device baseline and the
+    ideal (the baseline times the devices); the title gives the speed-up
+    and efficiency.
+
+    Args:
+        monitor: A `ScalingMonitor` that watched a `fit`.
+        ax: A matplotlib `Axes`, or None for a new figure.
+
+    Returns:
+        The `Axes`: its first line is the measured steps, then one line per
+        level of `scaling_lines`.
+
+    Raises:
+        ModuleNotFoundError: if matplotlib is not installed.
+        ValueError: if the monitor has measured no step yet.
+
+    Example:
+    >>> ax = multigpu.plotting.plot_scaling(monitor)
+    >>> ax.figure.savefig("scaling.png")
+    """
+    summary = monitor.summary()
+    lines = scaling_lines(summary, monitor.history())
+    if not lines["steps"]:
+        raise ValueError(
+            "Invalid `monitor`: it has measured no step after its warm-up; "
+            "plot it after a fit of a few steps.")
+    plt = _pyplot()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(lines["steps"], lines["samples_per_second"], marker=".",
+            label=f"{summary['devices']} devices ({summary['engine']})")
+    for (label, level), style in zip(lines["levels"], ("--", ":")):
+        ax.axhline(level, linestyle=style, color="grey", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("samples per second")
+    ax.set_ylim(bottom=0)
+    if summary["speedup"] is not None:
+        ax.set_title(f"speed-up {summary['speedup']:.2f}, efficiency "
+                     f"{summary['efficiency']:.2f}")
+    ax.legend(frameon=False, fontsize=8)
     return ax
