@@ -321,7 +321,7 @@ def memory_plan(model, batch_size, gpus=None, optimizer=None, device_memory=None
     >>> print(plan)
     """
     batch_size = arguments.check_int(
-        "batch_size", batch_size, 1, "the global batch, an int >= 1")
+        "batch_size", batch_size, 1, "the global batch, a whole number >= 1")
     memory = _check_memory(device_memory)
     devices = resolve_devices(gpus)
     _template(model)
