@@ -368,9 +368,23 @@ def _scalar_losses(model, loss, x):
     return [function] if len(keras.ops.shape(values)) == 0 else []
 
 
-def _likely_cause(model, x, engine, devices, batch_size, quantity):
-    """Why `quantity` differs, as far as the model and engine tell."""
+def _likely_cause(model, x, engine, devices, batch_size, differing):
+    """Why the quantities `differing` differ, as far as the model tells."""
     replicas = len(devices)
+    quantity = differing[0]
+    if not set(differing) & {"loss", *_STATE_QUANTITIES}:
+        return (
+            f"only the metrics {literals(differing, 'and')} differ. The loss, "
+            "the weights and the optimizer state agree, so the training "
+            "steps are one device's; what differs is how the metric is "
+            "totalled over the devices. A metric that is one statistic of "
+            "the rows it is given (not a mean of one value per row) is "
+            "computed on each device's rows: compute one value per row and "
+            "let Keras average them."
+            + (f" With {setting('engine', 'mirrored')}, a metric object "
+               "(not a metric's name) is also totalled otherwise in the "
+               f"steps of an epoch: pass its name, e.g. {literal('accuracy')}."
+               if engine == "mirrored" else ""))
     scalar = [] if engine == "replicate" else _scalar_losses(
         model, model.loss, x)
     if scalar:
@@ -404,8 +418,9 @@ def _likely_cause(model, x, engine, devices, batch_size, quantity):
             f"{batch_size // replicas} of the {batch_size} rows) with that "
             "share's mean and variance, and its moving statistics follow "
             "those per-device statistics, so the loss, the weights and the "
-            "moving statistics drift from one device's. Usually harmless "
-            f"with 32 or more rows per device; if not, {fix}.")
+            "moving statistics drift from one device's; the fewer rows per "
+            "device, the more. Check the batch size you train with "
+            f"(`batch_size`); to remove the difference, {fix}.")
     random = [layer for layer in layers if hasattr(layer, "seed_generator")]
     if random:
         names = literals([layer.name for layer in random[:3]], "and")
@@ -505,5 +520,5 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
     if differing:
         report.first_difference = differing[0]
         report.cause = _likely_cause(model, x, engine, devices, size,
-                                     differing[0])
+                                     differing)
     return report
