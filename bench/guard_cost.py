@@ -2,8 +2,9 @@
 
     python -m bench.guard_cost --output docs/bench/guard-cost
 
-The engines' `train_step` checks every floating-point tensor of the batch
-for NaN and inf before the forward pass (`multigpu.finite`). For each
+The engines' training step checks every floating-point tensor of its
+share of the batch for NaN and inf first, and updates the weights only when
+every share was finite (`multigpu.training_step`). For each
 workload of `bench/models.py`, engine and device count, one process (its
 logical CPU devices fixed at start) builds the same template twice with the
 same weights, one model with the guard (`check_finite=True`)
@@ -74,7 +75,9 @@ def _guard_alone(x, y, rounds, seed=0):
 
     @tf.function
     def guarded(x, y):
-        with tf.control_dependencies([finite.check((x, y))]):
+        leaves = finite.checked_leaves(x, y, None)
+        verdict, counts = finite.check([t for _, t in leaves])
+        with tf.control_dependencies([verdict, counts]):
             return tf.identity(x), tf.identity(y)
 
     @tf.function

@@ -3,43 +3,39 @@
 A NaN or inf in the inputs, labels or sample weights of one batch turns the
 weights into NaN in that step (the gradients are NaN), and Keras trains on:
 the reported loss may even stay finite (metrics average over the epoch), and
-hours later the model predicts NaN. The engines' training step checks every
-floating-point tensor of the batch before it changes anything and, when one has
-a non-finite value, stops training with a `NonFiniteInputError` that names
-the epoch and batch, the input (`x`, `y` or `sample_weight`, and which named
-input or output), how many NaN and inf values it had and in which rows. The
-weights keep their values of the step before.
+hours later the model predicts NaN.
 
-The check is one pass over the batch (`is_finite` and a reduction per
-tensor) and a `tf.cond` whose failing branch alone builds the report. It
-runs beside the forward pass; what writes state waits for it
-(`checked_step`). Its cost per step is measured by `python -m
-bench.guard_cost` (docs/benchmarks.md). Turn it off per model with
-`model.check_finite = False` (in R, `model$check_finite <- FALSE`).
+The engines' training step (`multigpu.training_step`) checks every
+floating-point tensor of its share of the batch first (`check`), runs the
+forward and backward pass on the share, or on zeros in its place when the
+share is not finite (`sanitized`: a NaN cast to an index would otherwise
+fail in a gather), and updates the weights only when every replica's share
+was finite. On a bad batch it puts back what the forward pass wrote
+(BatchNormalization's statistics, Dropout's seed, the metrics) and writes
+its findings, as numbers, into the model's `Record`. The train function
+then raises a `NonFiniteInputError` from them, naming the epoch and batch
+(kept by a `Position` callback), the input (`x`, `y` or `sample_weight`,
+and which named input or output), how many NaN and inf values it had and
+in which rows. Every collective of the step completes, bad batch or not.
+
+Turn the check off per model with `model.check_finite = False` (in R,
+`model$check_finite <- FALSE`). Its cost per step is measured by
+`python -m bench.guard_cost` (docs/benchmarks.md).
 """
 
-import contextlib
-import inspect
-import re
-import threading
-import types
-import urllib.parse
+import dataclasses
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
-_BEGIN = "<<multigpu-nonfinite"
-_END = "nonfinite-multigpu>>"
-_RECORD = re.compile(
-    r"kind=(\w+);key=([^;]*);pos=(-?\d+);nan=(\d+);inf=(\d+);rows=(\d+);"
-    r"first=\[([\d ]*)\];replica=(\d+)/(\d+)"
-)
+# Rows of a tensor the error names; the counts cover them all.
 _FIRST_ROWS = 5
-_KINDS = ("x", "y", "sample_weight")
+# Per checked tensor: NaN count, inf count, bad rows, the first bad rows.
+FIELDS = 3 + _FIRST_ROWS
 
 
 class NonFiniteInputError(ValueError):
@@ -63,25 +59,37 @@ def check_finite_flag(value):
     return check_flag("check_finite", value)
 
 
-def _leaves(structure, kind, names):
-    """`[(kind, key, position, tensor)]` for the tensors of x, y or weights.
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """Where a checked tensor sits in the batch.
 
-    `key` is the dict key or, for a list matching the model's named inputs
-    (outputs for y and weights), that name; `position` the list index.
+    Attributes:
+        kind: `"x"`, `"y"` or `"sample_weight"`.
+        key: The dict key, or the model's input (output) name for a list
+            that matches them; `""` otherwise.
+        position: The list index, or -1.
     """
+
+    kind: str
+    key: str
+    position: int
+
+
+def _leaves(structure, kind, names):
+    """`[(Leaf, tensor)]` for the tensors of x, y or the sample weights."""
     if structure is None:
         return []
     if isinstance(structure, dict):
-        return [(kind, str(key), -1, tensor)
+        return [(Leaf(kind, str(key), -1), tensor)
                 for key, part in structure.items()
                 for tensor in keras.tree.flatten(part)]
     if isinstance(structure, (list, tuple)):
         out = []
         for i, part in enumerate(structure):
             key = names[i] if names and len(names) == len(structure) else ""
-            out += [(kind, key, i, t) for t in keras.tree.flatten(part)]
+            out += [(Leaf(kind, key, i), t) for t in keras.tree.flatten(part)]
         return out
-    return [(kind, "", -1, t) for t in keras.tree.flatten(structure)]
+    return [(Leaf(kind, "", -1), t) for t in keras.tree.flatten(structure)]
 
 
 def _checked_tensor(tensor):
@@ -89,231 +97,228 @@ def _checked_tensor(tensor):
             and not isinstance(tensor, (tf.SparseTensor, tf.RaggedTensor)))
 
 
-def _replica():
-    """(this replica's index, replicas) under a strategy; (0, 1) otherwise."""
-    context = tf.distribute.get_replica_context()
-    count = getattr(context, "num_replicas_in_sync", 1)
-    if context is None or count == 1:
-        return tf.constant(0), 1
-    return tf.cast(context.replica_id_in_sync_group, tf.int32), count
-
-
-def _report(kind, key, position, tensor):
-    """The failing branch's record for one tensor (a string tensor)."""
-    replica, replicas = _replica()
-    bad = tf.logical_not(tf.math.is_finite(tensor))
-    nan = tf.reduce_sum(tf.cast(tf.math.is_nan(tensor), tf.int64))
-    inf = tf.reduce_sum(tf.cast(tf.math.is_inf(tensor), tf.int64))
-    if tensor.shape.rank == 0:
-        bad_rows = tf.reshape(tf.where(bad), [-1])
-    else:
-        per_row = tf.reshape(bad, [tf.shape(tensor)[0], -1])
-        bad_rows = tf.reshape(tf.where(tf.reduce_any(per_row, axis=1)), [-1])
-    return tf.strings.format(
-        "kind=" + kind + ";key=" + urllib.parse.quote(key, safe="")
-        + f";pos={position};nan={{}};inf={{}};rows={{}};first={{}}"
-        + f";replica={{}}/{replicas}",
-        (nan, inf, tf.size(bad_rows), bad_rows[:_FIRST_ROWS], replica),
-        summarize=-1,
-    )
-
-
-def check(data, input_names=(), output_names=()):
-    """The check of a batch `data` for NaN and inf, traced.
-
-    Call it inside the traced training step. The returned tensor exists
-    only once every floating-point tensor of the batch is found finite;
-    when one is not, computing it fails with an error that `explain_error`
-    turns into a `NonFiniteInputError`. Ops that must not run on a bad
-    batch take it as a control dependency.
+def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
+    """The floating-point tensors of a batch that the check reads.
 
     Args:
-        data: A batch as `train_step` receives it: `x`, `(x, y)` or
-            `(x, y, sample_weight)`, each a tensor or a list/dict of them.
+        x, y, sample_weight: The parts of the batch, each a tensor or a
+            list/dict of them (or None).
         input_names: The model's input names, to name the tensors of a list
             `x`.
         output_names: The model's output names, for lists `y` and
             `sample_weight`.
 
     Returns:
-        A boolean scalar tensor (True), or None when the batch holds no
-        floating-point tensor to check.
+        A list of `(Leaf, tensor)`.
 
     Example:
-    >>> verdict = finite.check((x, y))
-    >>> with tf.control_dependencies([verdict]):
-    ...     update = variable.assign_add(1)
+    >>> [leaf.kind for leaf, _ in checked_leaves(x, y, None)]
+    ['x', 'y']
     """
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     leaves = (_leaves(x, "x", list(input_names))
               + _leaves(y, "y", list(output_names))
               + _leaves(sample_weight, "sample_weight", list(output_names)))
-    leaves = [leaf for leaf in leaves if _checked_tensor(leaf[3])]
-    if not leaves:
-        return None
-    flags = [tf.reduce_all(tf.math.is_finite(leaf[3])) for leaf in leaves]
-    finite = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
-
-    def fail():
-        records = [_report(*leaf) for leaf in leaves]
-        report = tf.strings.reduce_join(
-            tf.boolean_mask(tf.stack(records),
-                            tf.logical_not(tf.stack(flags))),
-            separator="|")
-        failed = tf.debugging.Assert(
-            False, [tf.strings.join([_BEGIN, report, _END])])
-        with tf.control_dependencies([failed]):
-            return tf.constant(False)
-
-    return _of_every_replica(
-        tf.cond(finite, lambda: tf.constant(True), fail))
+    return [(leaf, t) for leaf, t in leaves if _checked_tensor(t)]
 
 
-def _of_every_replica(verdict):
-    """`verdict` of every replica's share of the batch, under a strategy.
-
-    Each replica checks its own share; one whose share is bad must stop the
-    others too, or their forward pass writes state (BatchNormalization's
-    statistics, Dropout's seed) on the failing step. Every replica gets one
-    tensor that waits for all their verdicts: the failing replica's report
-    is the error. A graph edge per replica, no collective.
-    """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return verdict
-
-    def combined(strategy, verdicts):
-        return tf.reduce_all(tf.stack(
-            strategy.experimental_local_results(verdicts)))
-
-    return context.merge_call(combined, args=(verdict,))
+def _located(tensor):
+    """`tensor`'s NaN and inf counts and bad rows: one `FIELDS` vector."""
+    bad = tf.logical_not(tf.math.is_finite(tensor))
+    nan = tf.reduce_sum(tf.cast(tf.math.is_nan(tensor), tf.int64))
+    inf = tf.reduce_sum(tf.cast(tf.math.is_inf(tensor), tf.int64))
+    if tensor.shape.rank == 0:
+        rows = tf.reshape(tf.where(bad), [-1])
+    else:
+        per_row = tf.reshape(bad, [tf.shape(tensor)[0], -1])
+        rows = tf.reshape(tf.where(tf.reduce_any(per_row, axis=1)), [-1])
+    shown = tf.minimum(tf.size(rows), _FIRST_ROWS)
+    first = tf.pad(rows[:_FIRST_ROWS], [[0, _FIRST_ROWS - shown]],
+                   constant_values=-1)
+    return tf.concat([tf.stack([nan, inf, tf.size(rows, tf.int64)]), first], 0)
 
 
-# Layers that read their inputs as indices: a NaN cast to an integer is an
-# index out of range, which the layer's kernel reports as an error of its
-# own before the check's, unless the forward pass waits for the check.
-INDEX_LAYERS = (
-    keras.layers.Embedding, keras.layers.IntegerLookup,
-    keras.layers.StringLookup, keras.layers.CategoryEncoding,
-    keras.layers.Hashing, keras.layers.TextVectorization,
-)
+def check(tensors):
+    """The check of a list of tensors for NaN and inf, traced.
 
-
-def reads_indices(model):
-    """Whether `model` may turn a NaN of its inputs into an index.
-
-    True for a model with an integer input or a layer of `INDEX_LAYERS`:
-    its forward pass waits for the finite check.
+    One `is_finite` and reduction per tensor; only when one is not finite
+    does a `tf.cond` count and locate the bad values.
 
     Args:
-        model: A Keras model.
+        tensors: Floating-point tensors (see `checked_leaves`).
 
     Returns:
-        True or False.
-    """
-    if any(str(t.dtype).startswith(("int", "uint"))
-           for t in keras.tree.flatten(model.inputs or [])):
-        return True
-    return any(isinstance(layer, INDEX_LAYERS)
-               for layer in internals.nested_layers(model))
-
-
-def checked_step(step, data, model, input_names=(), output_names=()):
-    """`step(data)`, a training step, changing no state on a bad batch.
-
-    The check (`check`) runs beside the forward pass. What writes state
-    waits for it: the labels and sample weights (so the loss and the
-    metrics), the writes of the model's non-trainable variables
-    (BatchNormalization's moving statistics, Dropout's seed) and the
-    optimizer's update, its iteration count included. The whole step waits
-    for it in a model that `reads_indices`.
-
-    Args:
-        step: Keras's `train_step` (or an engine's), of `data`.
-        data: The batch.
-        model: The model `step` trains.
-        input_names: The model's input names (see `check`).
-        output_names: The model's output names.
-
-    Returns:
-        What `step(data)` returns.
+        `(finite, counts)`: a boolean scalar, True when every tensor is
+        finite, and an int64 tensor of shape `[len(tensors), FIELDS]`:
+        zeros then; else, per tensor, its NaN and inf counts, how many rows
+        hold one and the first 5 of those rows (-1 past the last).
 
     Example:
-    >>> def train_step(self, data):
-    ...     return finite.checked_step(super().train_step, data, self)
+    >>> finite, counts = check([x, y])
     """
-    verdict = check(data, input_names, output_names)
-    if verdict is None:
-        return step(data)
-    if reads_indices(model):
-        with tf.control_dependencies([verdict]):
-            return step(data)
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    y, sample_weight = keras.tree.map_structure(
-        lambda t: _after(verdict, t), (y, sample_weight))
-    with _writes_after(model, verdict):
-        return step(keras.utils.pack_x_y_sample_weight(x, y, sample_weight))
+    if not tensors:
+        return tf.constant(True), tf.zeros([0, FIELDS], tf.int64)
+    flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors]
+    finite = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
+    counts = tf.cond(
+        finite,
+        lambda: tf.zeros([len(tensors), FIELDS], tf.int64),
+        lambda: tf.stack([_located(t) for t in tensors]))
+    return finite, counts
 
 
-def _after(verdict, value):
-    """`value`, a tensor once `verdict` exists; anything else as it is."""
-    if not isinstance(value, tf.Tensor) or isinstance(
-            value, (tf.SparseTensor, tf.RaggedTensor)):
-        return value
-    with tf.control_dependencies([verdict]):
-        return tf.identity(value)
+def sanitized(tensor, finite):
+    """`tensor` when `finite`, else zeros of its shape (traced).
 
-
-# The verdicts that the writes traced in a step wait for, per thread:
-# `tf.distribute.MirroredStrategy` traces each replica's step in a thread of
-# its own and runs the update's cross-replica part with the control
-# dependencies every replica's thread had (`merge_call`).
-_gates = threading.local()
-
-
-def _pending_verdicts():
-    return getattr(_gates, "verdicts", None) or []
-
-
-def _gated_apply(optimizer, *args, **kwargs):
-    with tf.control_dependencies(_pending_verdicts()[-1:]):
-        return type(optimizer).apply(optimizer, *args, **kwargs)
-
-
-def _gated_write(variable, value):
-    with tf.control_dependencies(_pending_verdicts()[-1:]):
-        return internals.direct_assign(variable, value)
-
-
-@contextlib.contextmanager
-def _writes_after(model, verdict):
-    """A block whose writes of state wait for `verdict`.
-
-    Keras's `train_step` updates the weights with
-    `self.optimizer.apply_gradients`, which calls `apply`: everything the
-    update writes, the iteration count included, is created there. The
-    forward pass writes the model's non-trainable variables, through
-    Keras's variables. Both get (once) a version that waits for the
-    block's verdict while one is pending in this thread; outside such a
-    block they are the classes'.
+    A bad batch still runs its forward and backward pass (every replica
+    takes part in every collective); zeros keep that pass from failing on
+    a NaN that a gather or a sparse loss would read as an index. Nothing it
+    computes is applied. Tensors the check does not read (integers,
+    strings, sparse) are returned as they are.
     """
-    optimizer = model.optimizer
-    if optimizer is not None and vars(optimizer).get("apply") is None:
-        # A bound method: `copy.deepcopy` of the optimizer binds the copy.
-        object.__setattr__(optimizer, "apply",
-                           types.MethodType(_gated_apply, optimizer))
-    for variable in model.non_trainable_variables:
-        internals.wrap_variable_writes(variable, _gated_write)
-    verdicts = _gates.__dict__.setdefault("verdicts", [])
-    verdicts.append(verdict)
-    try:
-        yield
-    finally:
-        verdicts.pop()
+    if not _checked_tensor(tensor):
+        return tensor
+    return tf.cond(finite, lambda: tensor, lambda: tf.zeros_like(tensor))
 
 
-def _label(kind, key, position):
+class Record:
+    """What a model's guarded steps found, as data in two variables.
+
+    `progress` holds `[steps taken, step that failed or -1]`; `found`, the
+    failed step's `counts` of every replica (`[replicas, tensors, FIELDS]`,
+    flattened behind its layout's index and the replica count). Both are
+    written by the training step only; `raise_if_found` reads them once
+    per call of the train function.
+
+    Args:
+        strategy: The model's distribution strategy (the variables are
+            created in its scope: mirrored, written in cross-replica
+            context).
+    """
+
+    def __init__(self, strategy):
+        with tf.init_scope(), strategy.scope():
+            self.progress = tf.Variable([0, -1], dtype=tf.int64,
+                                        trainable=False, name="nonfinite_progress")
+            self.found = tf.Variable(tf.zeros([0], tf.int64),
+                                     shape=tf.TensorShape(None),
+                                     trainable=False, name="nonfinite_found")
+        self.layouts = []
+        self._steps_before = 0
+
+    def layout(self, leaves):
+        """The index of a trace's list of `Leaf`s (recorded once per trace)."""
+        leaves = [leaf for leaf, _ in leaves]
+        if leaves not in self.layouts:
+            self.layouts.append(leaves)
+        return self.layouts.index(leaves)
+
+    def failed(self):
+        """Whether a step of this call failed already (traced)."""
+        return self.progress[1] >= 0
+
+    def note(self, finite, counts, layout):
+        """Counts one step; on a bad one, writes its findings (traced).
+
+        Args:
+            finite: Whether every replica's share was finite (and no step
+                of this call failed before).
+            counts: `[replicas, tensors, FIELDS]` int64 counts.
+            layout: The index from `layout`.
+
+        Returns:
+            The op.
+        """
+        taken = self.progress[0]
+
+        def bad():
+            flat = tf.concat([[layout, tf.shape(counts, tf.int64)[0]],
+                              tf.reshape(counts, [-1])], 0)
+            return tf.group(
+                self.found.assign(flat),
+                self.progress.assign(tf.stack([taken + 1, taken])))
+
+        def good():
+            return tf.group(self.progress.assign_add([1, 0]))
+
+        already = self.failed()
+        return tf.cond(tf.logical_or(finite, already), good, bad)
+
+    def raise_if_found(self, position):
+        """Raises the failed step's `NonFiniteInputError`, if one failed.
+
+        Args:
+            position: The model's `Position` (the epoch and first batch of
+                the call).
+
+        Raises:
+            NonFiniteInputError: naming the failed step.
+        """
+        taken, failed_at = (int(v) for v in self.progress.numpy())
+        before, self._steps_before = self._steps_before, taken
+        if failed_at < 0:
+            return
+        flat = self.found.numpy()
+        self.found.assign(tf.zeros([0], tf.int64))
+        self.progress.assign([taken, -1])
+        leaves = self.layouts[int(flat[0])]
+        counts = flat[2:].reshape(int(flat[1]), len(leaves), FIELDS)
+        raise Findings(leaves, counts).error(position.at(failed_at - before))
+
+
+@dataclasses.dataclass
+class Findings:
+    """What a step's check found, as numbers, for `NonFiniteInputError`.
+
+    Attributes:
+        leaves: The checked tensors' `Leaf`s.
+        counts: An int array `[replicas, len(leaves), FIELDS]` (see `check`).
+    """
+
+    leaves: list
+    counts: np.ndarray
+
+    def error(self, position=None):
+        """The `NonFiniteInputError` these findings make.
+
+        Args:
+            position: `(epoch, batch)` of `fit`, 0-based, or None.
+
+        Returns:
+            A `NonFiniteInputError`.
+        """
+        replicas = len(self.counts)
+        parts, labels = [], []
+        for replica, per_leaf in enumerate(self.counts):
+            for leaf, (nan, inf, rows, *first) in zip(self.leaves, per_leaf):
+                if nan + inf == 0:
+                    continue
+                label = _label(leaf)
+                if label not in labels:
+                    labels.append(label)
+                shown = [str(r) for r in first if r >= 0]
+                parts.append(f"{label} has {_values(int(nan), int(inf))} in "
+                             f"{_rows(int(rows), shown, replica, replicas)}")
+        if position is None:
+            where, epoch, step = "a training batch", None, None
+        else:
+            epoch, step = position
+            where = f"epoch {epoch + 1}, batch {step + 1} (counted from 1)"
+        off = ("model$check_finite <- FALSE" if current_language() == "r"
+               else "model.check_finite = False")
+        message = (
+            f"Non-finite training data in {where}: {'; '.join(parts)}. "
+            "Training stopped before this batch changed the weights: a NaN "
+            "or inf would have turned them into NaN. Remove or replace those "
+            "rows (e.g. impute missing values) and train again; to train "
+            f"without this check, set {off}."
+        )
+        return NonFiniteInputError(message, epoch=epoch, step=step,
+                                   inputs=labels)
+
+
+def _label(leaf):
     """`x['image']` / `x$image`, `y[1]` / `y[[2]]`, `sample_weight`."""
+    kind, key, position = leaf.kind, leaf.key, leaf.position
     r = current_language() == "r"
     if position >= 0:
         label = f"{kind}[[{position + 1}]]" if r else f"{kind}[{position}]"
@@ -338,87 +343,55 @@ def _rows(count, first, replica, replicas):
     return f"{count} {noun} ({noun} {shown} of {of}, counted from 0)"
 
 
-def _fit_position(model):
-    """(epoch, first batch, last batch) of the running `fit`, 0-based.
+class Position(keras.callbacks.Callback):
+    """The epoch and first batch of the train function's call in `fit`.
 
-    Read from Keras's `fit` loop (its `epoch`, `begin_step` and `end_step`),
-    only after a failure; None outside `fit` (e.g. `train_on_batch`).
+    `fit` calls `on_train_batch_begin` with the first batch of each call of
+    the train function (`steps_per_execution` batches); the `Record` counts
+    the batches of a call from it. None outside `fit`.
     """
-    frame = inspect.currentframe()
-    while frame is not None:
-        local = frame.f_locals
-        if local.get("self") is model and "epoch" in local and (
-                "begin_step" in local):
-            return (local["epoch"], local["begin_step"],
-                    local.get("end_step", local["begin_step"]))
-        frame = frame.f_back
-    return None
+
+    def __init__(self):
+        super().__init__()
+        self.epoch = None
+        self.batch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.batch = batch
+
+    def on_train_end(self, logs=None):
+        self.clear()
+
+    def clear(self):
+        """Forgets the position: the next step is outside `fit`."""
+        self.epoch = self.batch = None
+
+    def at(self, offset):
+        """`(epoch, batch + offset)`, or None outside `fit`."""
+        if self.epoch is None or self.batch is None:
+            return None
+        return self.epoch, self.batch + offset
 
 
-def explain_error(error, model=None):
-    """A `NonFiniteInputError` for an error raised by `guard`'s check.
-
-    Args:
-        error: An exception raised by a training step.
-        model: The model trained, to read the epoch and batch of its `fit`.
-
-    Returns:
-        A `NonFiniteInputError`, or None if `error` is another error.
-    """
-    text = str(getattr(error, "message", None) or error)
-    start, end = text.find(_BEGIN), text.find(_END)
-    if not isinstance(error, tf.errors.InvalidArgumentError) or (
-            start < 0 or end < start):
-        return None
-    records = _RECORD.findall(text[start + len(_BEGIN):end])
-    parts, labels = [], []
-    for kind, key, pos, nan, inf, rows, first, replica, replicas in records:
-        label = _label(kind, urllib.parse.unquote(key), int(pos))
-        labels.append(label)
-        parts.append(f"{label} has {_values(int(nan), int(inf))} in "
-                     f"{_rows(int(rows), first.split(), int(replica), int(replicas))}")
-    position = _fit_position(model) if model is not None else None
-    if position is None:
-        where = "a training batch"
-        epoch = step = None
-    else:
-        epoch, step, last = position
-        batches = (f"batch {step + 1}" if last == step
-                   else f"batches {step + 1}-{last + 1}")
-        where = f"epoch {epoch + 1}, {batches} (counted from 1)"
-    off = ("model$check_finite <- FALSE" if current_language() == "r"
-           else "model.check_finite = False")
-    message = (
-        f"Non-finite training data in {where}: {'; '.join(parts)}. Training "
-        "stopped before this batch changed the weights: a NaN or inf would "
-        "have turned them into NaN. Remove or replace those rows (e.g. "
-        "impute missing values) and train again; to train without this "
-        f"check, set {off}."
-    )
-    return NonFiniteInputError(message, epoch=epoch, step=step,
-                               inputs=labels)
-
-
-def reporting(train_function, model):
-    """Wraps a train function: a failed check raises `NonFiniteInputError`.
+def reporting(train_function, record, position):
+    """Wraps a train function: a bad batch raises `NonFiniteInputError`.
 
     Args:
         train_function: The model's `train_function`.
-        model: The model it trains.
+        record: The model's `Record`, which its training step writes.
+        position: The model's `Position` callback.
 
     Returns:
         A function of the same arguments.
     """
 
     def train(*args, **kwargs):
-        try:
-            return train_function(*args, **kwargs)
-        except tf.errors.InvalidArgumentError as error:
-            explained = explain_error(error, model)
-            if explained is None:
-                raise
-            raise explained from None
+        logs = train_function(*args, **kwargs)
+        record.raise_if_found(position)
+        return logs
 
     train.reports_nonfinite = True
-    train.reported_function = train_function
     return train

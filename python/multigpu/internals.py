@@ -7,8 +7,6 @@ one breaks this module only (ruff's SLF001 is off here and on everywhere
 else).
 """
 
-import types
-
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as ops_lib
 
@@ -131,23 +129,13 @@ def nested_layers(layer):
     return list(flatten(include_self=False)) if flatten else []
 
 
-def wrap_variable_writes(variable, wrapper):
-    """Routes every write of a Keras `variable` through `wrapper`.
+def loss_tracker(model):
+    """The `keras.metrics.Mean` that reports a compiled model's `loss`.
 
-    Keras 3's `assign`, `assign_add` and `assign_sub` all write through the
-    variable's `_direct_assign(value)`; it becomes `wrapper(variable,
-    value)`, which writes with `type(variable)._direct_assign(variable,
-    value)`. Idempotent.
+    Keras's `train_step` updates it; the engines' own step
+    (`multigpu.training_step`) does the same.
     """
-    if "_direct_assign" not in vars(variable):
-        # A bound method: `copy.deepcopy` of the variable binds the copy.
-        object.__setattr__(variable, "_direct_assign",
-                           types.MethodType(wrapper, variable))
-
-
-def direct_assign(variable, value):
-    """Writes `value` into a Keras `variable` as its class does."""
-    return type(variable)._direct_assign(variable, value)
+    return model._loss_tracker
 
 
 def keras_mask(tensor):

@@ -6,10 +6,11 @@ of the template whose variables are created under `mirrored_strategy(...)`
 contract of the replicate engine:
 
 * `.template` holds the trained weights: the template is the source of
-  truth between calls. `fit`, `evaluate`, `predict` and the `*_on_batch`
-  methods first copy its weights to the replicas; `fit` copies the trained
-  weights back at every epoch end and when it returns (`train_on_batch`
-  after every call).
+  truth between calls. Every entry point (`fit`, `evaluate`, `predict`, the
+  `*_on_batch` methods) goes through one synchronisation path,
+  `MirroredModel._in_sync`: the replicas take the template's weights on
+  entry, and the template takes the trained weights back when a call that
+  trains returns or fails (and at every epoch end of `fit`).
 * `save`/`save_weights` write the template (a plain Keras model);
   `load_weights`/`set_weights` set the template and the replicas.
 * Predictions equal the template's, and one step on a batch equals one step
@@ -21,11 +22,13 @@ engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench`
 measures both on logical CPU devices.
 """
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
-from multigpu import internals
 from multigpu import strategy as strategy_lib
+from multigpu.copies import copy_model
 from multigpu.distributed import weighted_by_rows
 from multigpu.forward import flat_forward, with_logits
 from multigpu.functional import callable_graph, layer_name, output_names
@@ -115,7 +118,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         # policy set since (a subclassed model's layers have no other).
         with strategy.scope(), built_like(template):
             try:
-                replica = keras.models.clone_model(template)
+                replica = copy_model(template)
             except (ValueError, TypeError, NotImplementedError) as error:
                 # A subclassed model without `get_config` raises
                 # NotImplementedError; one whose config does not rebuild
@@ -212,8 +215,10 @@ class MirroredModel(TemplateBacked, keras.Model):
     def _optimizer_in_scope(self, optimizer):
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             return optimizer
-        extended = self.strategy.extended
-        if extended.variable_created_in_scope(optimizer.iterations.value):
+        # The step count is the optimizer's first variable (`iterations`
+        # is a tensor with gradient accumulation).
+        if self.strategy.extended.variable_created_in_scope(
+                optimizer.variables[0].value):
             return optimizer
         if optimizer.built:
             raise ValueError(
@@ -224,36 +229,52 @@ class MirroredModel(TemplateBacked, keras.Model):
         return keras.optimizers.deserialize(
             keras.optimizers.serialize(optimizer))
 
+    @contextlib.contextmanager
+    def _in_sync(self, trains):
+        """The one path by which every entry point keeps the copies in sync.
+
+        Entering, the replicas take the template's weights; leaving a call
+        that trains, however it ends (a NaN batch, an exception in a
+        callback, an interrupt), the template takes the replicas'. A call
+        made inside another (`fit`'s validation, a callback's `predict`)
+        leaves both alone: the replicas hold the weights being trained.
+
+        Args:
+            trains: Whether the call changes the weights.
+        """
+        depth = self.__dict__.get("_sync_depth", 0)
+        if depth == 0:
+            self.copy_from_template()
+        self.__dict__["_sync_depth"] = depth + 1
+        try:
+            yield
+        finally:
+            self.__dict__["_sync_depth"] = depth
+            if depth == 0 and trains:
+                self.copy_to_template()
+
+    def fit_callbacks(self):
+        """The template takes the trained weights at every epoch end."""
+        return [_CopyBackEachEpoch(self)]
+
     def fit(self, *args, **kwargs):
         """`keras.Model.fit`; the template holds the weights of every epoch."""
-        copy_back = _CopyBackEachEpoch(self)
-        if len(args) > 5:  # callbacks given positionally
-            args = list(args)
-            args[5] = list(args[5] or []) + [copy_back]
-        else:
-            kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [
-                copy_back
-            ]
-        self.copy_from_template()
-        try:
+        with self._in_sync(trains=True):
             return super().fit(*args, **kwargs)
-        finally:
-            self.copy_to_template()
 
     def evaluate(self, *args, **kwargs):
         """`keras.Model.evaluate` of the template's weights.
 
         Inside `fit` (its validation) the replicas hold the weights being
         trained, newer than the template's until the epoch ends: they are
-        evaluated as they are, not overwritten.
+        evaluated as they are.
         """
-        if not internals.validates_for_fit(kwargs):
-            self.copy_from_template()
-        return super().evaluate(*args, **kwargs)
+        with self._in_sync(trains=False):
+            return super().evaluate(*args, **kwargs)
 
     def predict(self, *args, **kwargs):
-        self.copy_from_template()
-        return super().predict(*args, **kwargs)
+        with self._in_sync(trains=False):
+            return super().predict(*args, **kwargs)
 
     # `train_on_batch` splits its batch between the replicas (through `fit`),
     # which Keras's own does not under a strategy.
@@ -269,9 +290,8 @@ class MirroredModel(TemplateBacked, keras.Model):
         the template's by 1e-2. The batch goes through `fit` as one batch
         instead, split as in any other step.
         """
-        self.copy_from_template()
         rows = int(keras.tree.flatten(x)[0].shape[0])
-        try:
+        with self._in_sync(trains=True):
             if rows == 0:
                 return super().train_on_batch(
                     x, y, sample_weight=sample_weight,
@@ -279,16 +299,14 @@ class MirroredModel(TemplateBacked, keras.Model):
             history = super().fit(
                 x, y, batch_size=rows, epochs=1, shuffle=False, verbose=0,
                 sample_weight=sample_weight, class_weight=class_weight)
-        finally:
-            self.copy_to_template()
         logs = {k: float(v[-1]) for k, v in history.history.items()}
         if return_dict:
             return logs
         return self._flatten_metrics_in_order(logs)
 
     def test_on_batch(self, *args, **kwargs):
-        self.copy_from_template()
-        return super().test_on_batch(*args, **kwargs)
+        with self._in_sync(trains=False):
+            return super().test_on_batch(*args, **kwargs)
 
     def predict_on_batch(self, x):
         """Predictions for one batch, split between the replicas.
@@ -297,11 +315,11 @@ class MirroredModel(TemplateBacked, keras.Model):
         a strategy and concatenates their outputs (`replicas` times the
         rows); `predict` with the batch as its only batch splits it.
         """
-        self.copy_from_template()
         rows = int(keras.tree.flatten(x)[0].shape[0])
-        if rows == 0:
-            return super().predict_on_batch(x)
-        return super().predict(x, batch_size=rows, verbose=0)
+        with self._in_sync(trains=False):
+            if rows == 0:
+                return super().predict_on_batch(x)
+            return super().predict(x, batch_size=rows, verbose=0)
 
     def set_weights(self, weights):
         """Sets the template's weights, and so the replicas'."""

@@ -12,7 +12,7 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import finite, inputs, saving
+from multigpu import finite, inputs, saving, training_step
 from multigpu import strategy as strategy_lib
 from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import setting
@@ -67,6 +67,39 @@ def built_like(template):
         yield
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def with_callbacks(model, args, kwargs, extra):
+    """`fit`'s arguments, bound by name, with `extra` callbacks added.
+
+    Args:
+        model: The model whose `fit` is called.
+        args: The positional arguments of the call.
+        kwargs: Its keyword arguments.
+        extra: Callbacks to run after the caller's.
+
+    Returns:
+        `(args, kwargs)` for `keras.Model.fit`; unchanged when they do not
+        fit its signature (Keras then reports what is wrong).
+
+    Example:
+    >>> args, kwargs = with_callbacks(model, args, kwargs, [copy_back])
+    >>> keras.Model.fit(model, *args, **kwargs)
+    """
+    try:
+        bound = inspect.signature(keras.Model.fit).bind(model, *args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    arguments.update(arguments.pop("kwargs", None) or {})
+    callbacks = arguments.get("callbacks")
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        for callback in extra:
+            callbacks.append(callback)
+    else:
+        arguments["callbacks"] = list(callbacks or []) + list(extra)
+    return (), arguments
 
 
 class TemplateLayer(keras.layers.Layer):
@@ -210,24 +243,36 @@ class TemplateBacked:
         self._check_finite = value
 
     def train_step(self, data):
-        """Keras's `train_step`, with the batch checked for NaN and inf.
+        """One training step (`multigpu.training_step.train_step`).
 
-        Engines that split the step (`ParallelModel`) call it on the whole
-        batch inside theirs. The check runs beside the forward pass and what
-        writes state waits for it (`multigpu.finite.checked_step`).
+        Keras's step, with the batch checked for NaN and inf first when
+        `check_finite` is on: a bad batch changes nothing, and the train
+        function raises `NonFiniteInputError`. Engines that split the step
+        (`ParallelModel`) call it on the whole batch inside theirs.
         """
-        if not self.check_finite:
-            return super().train_step(data)
-        return finite.checked_step(
-            super().train_step, data, self,
-            [layer_name(t) for t in self.inputs], list(self.output_names))
+        record = self._guard()[0] if self.check_finite else None
+        return training_step.train_step(
+            self, data, record, [layer_name(t) for t in self.inputs],
+            list(self.output_names))
 
     def make_train_function(self, force=False):
+        self._guard()  # its variables exist before the step is traced
         super().make_train_function(force)
-        if self.train_function is not None and not getattr(
-                self.train_function, "reports_nonfinite", False):
-            self.train_function = finite.reporting(self.train_function, self)
+        if self.check_finite and self.train_function is not None and not (
+                getattr(self.train_function, "reports_nonfinite", False)):
+            self.train_function = finite.reporting(self.train_function,
+                                                   *self._guard())
         return self.train_function
+
+    def _guard(self):
+        """This model's `(finite.Record, finite.Position)`, made once."""
+        guard = self.__dict__.get("_guard_parts")
+        if guard is None:
+            # Set through __dict__: kept out of Keras's attribute tracking
+            # (the record's variables are not the model's state).
+            guard = self.__dict__["_guard_parts"] = (
+                finite.Record(self.distribute_strategy), finite.Position())
+        return guard
 
     def copy_to_template(self, optimizer_state=False):
         """Copies what this model trained into the template.
@@ -247,7 +292,18 @@ class TemplateBacked:
     # evaluate: Keras's, with the data checked first (`multigpu.inputs`).
 
     def fit(self, *args, **kwargs):
-        return inputs.checked_call(self, "fit", super().fit, args, kwargs)
+        position = self._guard()[1]
+        args, kwargs = with_callbacks(self, args, kwargs,
+                                      [position, *self.fit_callbacks()])
+        try:
+            return inputs.checked_call(self, "fit", super().fit, args, kwargs)
+        finally:
+            # A failed `fit` ends without `on_train_end`.
+            position.clear()
+
+    def fit_callbacks(self):
+        """Callbacks this model adds to every `fit` (after the caller's)."""
+        return []
 
     def evaluate(self, *args, **kwargs):
         return inputs.checked_call(self, "evaluate", super().evaluate, args,

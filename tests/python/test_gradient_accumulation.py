@@ -1,0 +1,58 @@
+"""Keras's gradient accumulation and `fit`'s arguments on the engines."""
+
+import keras
+import numpy as np
+import pytest
+
+import multigpu
+from conftest import DEVICES
+from models import copy_of, data, max_weight_difference, mlp
+
+pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+
+ENGINES = ("replicate", "mirrored")
+
+
+# The mirrored engine's replicas update inside Keras's accumulation `cond`
+# through `merge_call`, which MirroredStrategy refuses in control flow.
+@pytest.mark.parametrize("engine", ["replicate"])
+def test_two_accumulated_half_batches_equal_one_step_on_the_batch(rng, engine):
+    template = mlp()
+    reference = copy_of(template)
+    x, y = data(rng, 16)
+    parallel = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+    parallel.compile(loss="mse", optimizer=keras.optimizers.SGD(
+        0.5, gradient_accumulation_steps=2))
+    parallel.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    reference.compile(optimizer=keras.optimizers.SGD(0.5), loss="mse")
+    reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert max_weight_difference(template, copy_of(mlp())) > 1e-3  # trained
+    assert max_weight_difference(template, reference) < 1e-6
+    assert int(parallel.optimizer.iterations) == 1
+
+
+class _Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fit_takes_its_callbacks_by_position_too(rng, engine):
+    """`fit(x, y, batch_size, epochs, verbose, callbacks)`, as Keras's."""
+    template = mlp()
+    x, y = data(rng, 16)
+    parallel = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+    parallel.compile(optimizer="sgd", loss="mse")
+    recorder = _Epochs()
+    before = template.get_weights()
+    parallel.fit(x, y, 8, 2, 0, [recorder])
+    assert recorder.epochs == [0, 1]
+    # The template holds what was trained.
+    assert max(np.abs(a - b).max()
+               for a, b in zip(template.get_weights(), before)) > 0
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=1e-6)
