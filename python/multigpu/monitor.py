@@ -245,6 +245,10 @@ class ScalingMonitor(keras.callbacks.Callback):
         try:
             with tf.device(self._devices[0]):
                 copy = keras.models.clone_model(template)
+                if copy.distribute_strategy.num_replicas_in_sync != 1:
+                    raise ValueError(
+                        "the copy was created under a strategy's scope, so on "
+                        "several devices")
                 copy.set_weights(template.get_weights())
                 copy.compile(optimizer=_fresh_optimizer(model.optimizer),
                              loss=model.loss)

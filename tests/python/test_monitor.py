@@ -90,6 +90,23 @@ def test_a_model_under_mirrored_strategy(rng):
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH
 
 
+def test_a_model_on_the_mirrored_engine(rng):
+    template = mlp()
+    twin = copy_of(template)
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
+    parallel.compile(optimizer="adam", loss="mse")
+    plain = multigpu.multi_gpu_model(twin, gpus=2, engine="mirrored")
+    plain.compile(optimizer="adam", loss="mse")
+    monitor = multigpu.ScalingMonitor(baseline_steps=2, warn=False)
+    fit(parallel, np.random.default_rng(5), monitor)
+    fit(plain, np.random.default_rng(5), None)
+    summary = monitor.summary()
+    assert summary["engine"] == "mirrored" and summary["devices"] == 2
+    assert summary["batch_size"] == BATCH
+    assert summary["efficiency"] == pytest.approx(summary["speedup"] / 2)
+    assert max_weight_difference(template, twin) < 1e-6
+
+
 @pytest.mark.parametrize("baseline_seconds,warned", [(1e-9, True), (10.0, False)])
 def test_warns_when_one_device_would_be_faster(rng, baseline_seconds, warned):
     monitor = multigpu.ScalingMonitor()
