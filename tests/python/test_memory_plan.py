@@ -214,3 +214,22 @@ def test_the_plan_is_within_a_factor_of_two_of_the_measured_peak_on_cpu():
     assert set(ratios) == {"mlp", "cnn"}
     for name, ratio in ratios.items():
         assert 0.5 <= ratio <= 2.0, (name, ratio)
+
+
+def test_gpu_memory_is_read_from_what_tensorflow_reports(monkeypatch):
+    from tensorflow.python.client import device_lib
+
+    class Local:
+        def __init__(self, name, memory_limit):
+            self.name, self.memory_limit = name, memory_limit
+
+    monkeypatch.setattr(device_lib, "list_local_devices", lambda: [
+        Local("/device:CPU:0", 268435456), Local("/device:GPU:0", 15 * 2**30),
+        Local("/device:GPU:1", 7 * 2**30)])
+    reported = memory_plan_module._reported_memory
+    assert reported("/device:GPU:1") == 7 * 2**30
+    assert reported("/device:GPU:0") == 15 * 2**30
+    # TensorFlow's nominal CPU figure is no memory size: not reported.
+    assert reported("/device:CPU:0") is None
+    assert memory_plan_module._device_memory_or_fail(
+        ["/device:GPU:0", "/device:GPU:1"], None) == 7 * 2**30
