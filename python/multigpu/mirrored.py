@@ -82,6 +82,25 @@ def _check_same_weights(template, replica):
         )
 
 
+def _check_no_accumulation(optimizer):
+    """Refuses Keras's gradient accumulation, which this engine cannot run.
+
+    Keras's optimizer accumulates inside a `tf.cond` of each replica whose
+    branches synchronise the replicas (`merge_call`), which
+    `MirroredStrategy` refuses.
+    """
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps:
+        raise ValueError(
+            f"Invalid `optimizer` for {setting('engine', 'mirrored')}: it has "
+            f"{setting('gradient_accumulation_steps', int(steps))}, which this "
+            "engine cannot run (Keras accumulates inside a conditional that "
+            "MirroredStrategy's replicas cannot synchronise in). Use "
+            f"{setting('engine', 'replicate')}, which accumulates exactly, or "
+            f"train on batches {int(steps)} times larger instead."
+        )
+
+
 def _named_like(graph, names):
     """`graph`'s outputs, named `names` (the template's, made unique).
 
@@ -188,6 +207,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         replica on one device.
         """
         warn_if_jit_compile(jit_compile, self.parallelism)
+        _check_no_accumulation(optimizer)
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             keras.Model.compile(self, optimizer, *args,

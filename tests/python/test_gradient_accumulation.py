@@ -13,10 +13,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 ENGINES = ("replicate", "mirrored")
 
 
-# The mirrored engine's replicas update inside Keras's accumulation `cond`
-# through `merge_call`, which MirroredStrategy refuses in control flow.
-@pytest.mark.parametrize("engine", ["replicate"])
-def test_two_accumulated_half_batches_equal_one_step_on_the_batch(rng, engine):
+def test_two_accumulated_half_batches_equal_one_step_on_the_batch(rng):
+    engine = "replicate"
     template = mlp()
     reference = copy_of(template)
     x, y = data(rng, 16)
@@ -29,6 +27,17 @@ def test_two_accumulated_half_batches_equal_one_step_on_the_batch(rng, engine):
     assert max_weight_difference(template, copy_of(mlp())) > 1e-3  # trained
     assert max_weight_difference(template, reference) < 1e-6
     assert int(parallel.optimizer.iterations) == 1
+
+
+def test_the_mirrored_engine_refuses_accumulation_naming_the_fix():
+    """Keras accumulates inside a replica's `tf.cond` that synchronises the
+    replicas, which MirroredStrategy refuses: a clear error, not TF's."""
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=DEVICES, engine="mirrored")
+    with pytest.raises(ValueError, match=(
+            r"Invalid `optimizer` for engine='mirrored': it has "
+            r"gradient_accumulation_steps=2.*Use engine='replicate'")):
+        parallel.compile(loss="mse", optimizer=keras.optimizers.SGD(
+            0.5, gradient_accumulation_steps=2))
 
 
 class _Epochs(keras.callbacks.Callback):
