@@ -34,7 +34,7 @@ import time
 from bench import models, report
 
 DEVICE_COUNTS = (2, 4)
-ENGINES = ("replicate", "strategy")
+ENGINES = ("replicate", "mirrored", "strategy")
 
 
 def _model(workload, devices, engine):
