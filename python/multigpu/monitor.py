@@ -9,7 +9,7 @@ would be faster.
 How the time is measured. Keras's `fit` calls `model.train_function` once
 per step; the monitor wraps it at `on_train_begin` (and restores it at
 `on_train_end`), so it sees when each step starts and returns and nothing
-else changes. Its own per-step cost is two clock reads and two list
+else changes. Its own per-step cost is two clock reads and three list
 appends, published in docs/benchmarks.md.
 """
 
