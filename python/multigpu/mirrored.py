@@ -36,6 +36,7 @@ from multigpu.messages import literal, setting
 from multigpu.template import (
     TemplateBacked,
     built_like,
+    compile_defaults,
     template_compile_arguments,
     warn_if_jit_compile,
 )
@@ -195,8 +196,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         """Copies the template's weights to every replica."""
         super().set_weights(self.template.get_weights())
 
-    def compile(self, optimizer="rmsprop", *args, jit_compile=False,
-                **kwargs):
+    def compile(self, *args, jit_compile=False, **kwargs):
         """Compiles under the strategy's scope (so optimizer state mirrors).
 
         An optimizer instance made outside the scope is re-created inside it
@@ -204,9 +204,14 @@ class MirroredModel(TemplateBacked, keras.Model):
         engines' models, the template gets an optimizer of its own: this
         one's variables are mirrored. `jit_compile=True` is ignored with a
         warning, as by the other engines: XLA would put the step of every
-        replica on one device.
+        replica on one device. `compile()` with no arguments takes the
+        defaults of the template's own `compile` (a KerasHub task's), as
+        `TemplateBacked.compile` does.
         """
         warn_if_jit_compile(jit_compile, self.parallelism)
+        args, kwargs = compile_defaults(self, args, kwargs)
+        optimizer = args[0] if args else kwargs.pop("optimizer", "rmsprop")
+        args = args[1:]
         _check_no_accumulation(optimizer)
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)

@@ -15,7 +15,7 @@ from multigpu import devices as devices_lib
 from multigpu import finite, inputs, saving, training_step
 from multigpu import strategy as strategy_lib
 from multigpu.functional import callable_graph, layer_name
-from multigpu.messages import setting
+from multigpu.messages import literal, setting
 
 
 def template_config(owner):
@@ -199,6 +199,91 @@ def warn_if_jit_compile(jit_compile, parallelism):
         )
 
 
+def _has_own_compile(model):
+    """Whether `model`'s class has a `compile` of its own (KerasHub tasks)."""
+    return type(model).compile is not keras.Model.compile
+
+
+def template_compile_config(template):
+    """The `compile` arguments `template` was compiled with, made anew.
+
+    Args:
+        template: A Keras model.
+
+    Returns:
+        A dict of keyword arguments for `compile` (a new optimizer with the
+        template's hyperparameters, new loss and metric objects; no
+        `jit_compile`), or None when `template` is not compiled.
+
+    Raises:
+        ValueError: if the template's compile configuration cannot be
+            rebuilt (an unregistered custom loss or metric).
+
+    Example:
+    >>> parallel.compile(**template_compile_config(parallel.template))
+    """
+    config = template.get_compile_config() if template.compiled else None
+    if not config:
+        return None
+    try:
+        arguments = dict(keras.saving.deserialize_keras_object(config))
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"Invalid `model`: the compile configuration of "
+            f"{literal(template.name)} cannot be rebuilt ({error}). Compile "
+            "the parallel model with the loss, optimizer and metrics to use "
+            "(register custom objects with keras.saving.register_keras_serializable)."
+        ) from None
+    arguments.pop("jit_compile", None)
+    return arguments
+
+
+def compile_like_template(model):
+    """Compiles `model` as its template was, if only the template is compiled.
+
+    Called first by the entry points that need a compiled model (`fit`,
+    `evaluate`, `train_on_batch`, `test_on_batch`): a template compiled
+    before `multi_gpu_model` (a KerasHub task compiles itself when built)
+    lends its loss, metrics and optimizer (a new one, with its
+    hyperparameters) to the parallel model, which needs no `compile()` of
+    its own. A compiled parallel model is left as it is.
+
+    Args:
+        model: A `TemplateBacked` model.
+
+    Example:
+    >>> compile_like_template(parallel)
+    >>> parallel.fit(x, y)
+    """
+    if getattr(model, "compiled", False):
+        return
+    arguments = template_compile_config(model.template)
+    if arguments is not None:
+        model.compile(**arguments)
+
+
+def compile_defaults(model, args, kwargs):
+    """`compile`'s arguments, or the template's defaults for a bare `compile()`.
+
+    A `compile()` with no arguments on a model whose template's class has a
+    `compile` of its own with defaults (a KerasHub task: the "auto"
+    optimizer, loss and metrics) compiles the template so and returns its
+    configuration; any other call's arguments are returned as they are.
+
+    Args:
+        model: A `TemplateBacked` model.
+        args: The positional arguments of `compile`.
+        kwargs: Its keyword arguments (without `jit_compile`).
+
+    Returns:
+        `(args, kwargs)` for `compile`.
+    """
+    if args or kwargs or not _has_own_compile(model.template):
+        return args, kwargs
+    model.template.compile()
+    return (), template_compile_config(model.template) or {}
+
+
 class TemplateBacked:
     """Compiling, saving and config for models whose weights are a template's.
 
@@ -292,6 +377,7 @@ class TemplateBacked:
     # evaluate: Keras's, with the data checked first (`multigpu.inputs`).
 
     def fit(self, *args, **kwargs):
+        compile_like_template(self)
         position = self._guard()[1]
         args, kwargs = with_callbacks(self, args, kwargs,
                                       [position, *self.fit_callbacks()])
@@ -306,6 +392,7 @@ class TemplateBacked:
         return []
 
     def evaluate(self, *args, **kwargs):
+        compile_like_template(self)
         return inputs.checked_call(self, "evaluate", super().evaluate, args,
                                    kwargs)
 
@@ -314,10 +401,12 @@ class TemplateBacked:
                                    kwargs)
 
     def train_on_batch(self, *args, **kwargs):
+        compile_like_template(self)
         return inputs.checked_call(self, "train_on_batch",
                                    super().train_on_batch, args, kwargs)
 
     def test_on_batch(self, *args, **kwargs):
+        compile_like_template(self)
         return inputs.checked_call(self, "test_on_batch",
                                    super().test_on_batch, args, kwargs)
 
@@ -331,9 +420,16 @@ class TemplateBacked:
         been compiled before), and `template.evaluate` works after training
         this model. `jit_compile` is always False: XLA would compile the step
         into one cluster on one device.
+
+        `compile()` with no arguments, when the template's class has a
+        `compile` with defaults of its own (a KerasHub task), compiles with
+        those defaults (`compile_defaults`). An uncompiled model whose
+        template is compiled compiles as the template at its first `fit`,
+        `evaluate` or `*_on_batch` step (`compile_like_template`).
         """
         strategy_lib.check_own_scope(self, "compile")
         warn_if_jit_compile(jit_compile, self.parallelism)
+        args, kwargs = compile_defaults(self, args, kwargs)
         super().compile(*args, jit_compile=False, **kwargs)
         arguments = inspect.signature(keras.Model.compile).bind(
             self.template, *args, **kwargs).arguments
