@@ -6,13 +6,6 @@
 
 #' @exportS3Method compile multigpu.template.TemplateBacked
 compile.multigpu.template.TemplateBacked <- function(object, ...) {
-  # keras3's compile() sends its own defaults (optimizer = "rmsprop", ...);
-  # compile(model) with no arguments reaches the core as a bare compile(),
-  # which takes a KerasHub task's own defaults.
-  if (...length() == 0L) {
-    with_python(object$compile())
-    return(invisible(object))
-  }
   invisible(with_python(NextMethod()))
 }
 
