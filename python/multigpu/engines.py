@@ -9,13 +9,13 @@ another.
 
 import warnings
 
-import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import scaling
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_flag
+from multigpu.copies import copy_model
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
 from multigpu.messages import api, literal, literals, setting
@@ -81,11 +81,13 @@ def relocate_to_cpu(model):
     """Rebuilds `model` with its variables on the CPU, keeping its weights.
 
     The weights are copied over, not re-created: re-created weights would
-    lose what the model has learned (keras-team/keras#11313).
+    lose what the model has learned (keras-team/keras#11313). The copy is
+    `copies.copy_model`'s: a KerasHub task stays a task of its class, a
+    `Lambda` layer of this session is kept as it is.
     """
     try:
         with tf.device(HOST_DEVICE):
-            clone = keras.models.clone_model(model)
+            clone = copy_model(model)
     except ValueError as error:
         raise ValueError(
             f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "

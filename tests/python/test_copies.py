@@ -76,3 +76,15 @@ def test_a_saved_lambda_still_loads_only_as_keras_allows(tmp_path):
     parallel.save(path)
     with pytest.raises(ValueError, match="Lambda"):
         keras.models.load_model(path)
+
+
+def test_cpu_relocation_keeps_lambdas_and_task_classes(rng):
+    template = _with_session_lambda()
+    parallel = multigpu.multi_gpu_model(template, gpus=4, cpu_relocation=True)
+    x = rng.standard_normal((6, 4)).astype("float32")
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=TOL)
+    task = gpt2_causal_lm()
+    relocated = multigpu.multi_gpu_model(task, gpus=4, cpu_relocation=True)
+    assert type(relocated.template) is type(task)
+    assert max_weight_difference(relocated.template, task) == 0
