@@ -13,7 +13,12 @@ import pytest
 from keras import ops
 
 import multigpu
-from hub_models import gpt2_causal_lm, llama_causal_lm, token_batch
+from hub_models import (
+    bert_text_classifier,
+    gpt2_causal_lm,
+    llama_causal_lm,
+    token_batch,
+)
 from models import max_weight_difference
 from multigpu.copies import copy_model
 
@@ -88,3 +93,17 @@ def test_cpu_relocation_keeps_lambdas_and_task_classes(rng):
     relocated = multigpu.multi_gpu_model(task, gpus=4, cpu_relocation=True)
     assert type(relocated.template) is type(task)
     assert max_weight_difference(relocated.template, task) == 0
+
+
+def test_a_keras_hub_backbone_inside_a_functional_model(rng):
+    backbone = bert_text_classifier().backbone
+    inputs = {name: keras.Input((8,), dtype="int32", name=name)
+              for name in ("token_ids", "segment_ids", "padding_mask")}
+    pooled = backbone(inputs)["pooled_output"]
+    template = keras.Model(inputs, keras.layers.Dense(2, name="head")(pooled))
+    copy = copy_model(template)
+    assert type(copy.get_layer(backbone.name)) is type(backbone)
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    x = token_batch(rng, 6, segments=True)
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=TOL)
