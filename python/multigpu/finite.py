@@ -29,9 +29,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
+# The key of the guarded step's logs that carries `Record.progress` to the
+# train function's caller (`reporting` takes it out).
+STATUS = "_multigpu_nonfinite_status"
 # Rows of a tensor the error names; the counts cover them all.
 _FIRST_ROWS = 5
 # Per checked tensor: NaN count, inf count, bad rows, the first bad rows.
@@ -92,7 +96,8 @@ def _leaves(structure, kind, names):
     return [(Leaf(kind, "", -1), t) for t in keras.tree.flatten(structure)]
 
 
-def _checked_tensor(tensor):
+def is_checked(tensor):
+    """Whether the check reads `tensor` (a dense floating-point tensor)."""
     return (isinstance(tensor, tf.Tensor) and tensor.dtype.is_floating
             and not isinstance(tensor, (tf.SparseTensor, tf.RaggedTensor)))
 
@@ -118,7 +123,7 @@ def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
     leaves = (_leaves(x, "x", list(input_names))
               + _leaves(y, "y", list(output_names))
               + _leaves(sample_weight, "sample_weight", list(output_names)))
-    return [(leaf, t) for leaf, t in leaves if _checked_tensor(t)]
+    return [(leaf, t) for leaf, t in leaves if is_checked(t)]
 
 
 def _located(tensor):
@@ -138,46 +143,81 @@ def _located(tensor):
 
 
 def check(tensors):
-    """The check of a list of tensors for NaN and inf, traced.
+    """Whether every tensor of a list is finite (traced).
 
-    One `is_finite` and reduction per tensor; only when one is not finite
-    does a `tf.cond` count and locate the bad values.
+    One `is_finite` and one reduction per tensor; `located` counts and
+    places the bad values, only once a step has failed.
 
     Args:
         tensors: Floating-point tensors (see `checked_leaves`).
 
     Returns:
-        `(finite, counts)`: a boolean scalar, True when every tensor is
-        finite, and an int64 tensor of shape `[len(tensors), FIELDS]`:
-        zeros then; else, per tensor, its NaN and inf counts, how many rows
-        hold one and the first 5 of those rows (-1 past the last).
+        A boolean scalar tensor.
 
     Example:
-    >>> finite, counts = check([x, y])
+    >>> finite = check([x, y])
     """
     if not tensors:
-        return tf.constant(True), tf.zeros([0, FIELDS], tf.int64)
+        return tf.constant(True)
     flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors]
-    finite = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
-    counts = tf.cond(
-        finite,
-        lambda: tf.zeros([len(tensors), FIELDS], tf.int64),
-        lambda: tf.stack([_located(t) for t in tensors]))
-    return finite, counts
+    return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
+
+
+def located(tensors):
+    """Per tensor, its NaN and inf counts and bad rows (traced).
+
+    Args:
+        tensors: The tensors `check` read.
+
+    Returns:
+        An int64 tensor of shape `[len(tensors), FIELDS]`: per tensor its
+        NaN and inf counts, how many rows hold one and the first 5 of those
+        rows (-1 past the last).
+    """
+    if not tensors:
+        return tf.zeros([0, FIELDS], tf.int64)
+    return tf.stack([_located(t) for t in tensors])
 
 
 def sanitized(tensor, finite):
-    """`tensor` when `finite`, else zeros of its shape (traced).
+    """`tensor` where `finite`, else zeros in its place (traced).
 
     A bad batch still runs its forward and backward pass (every replica
-    takes part in every collective); zeros keep that pass from failing on
-    a NaN that a gather or a sparse loss would read as an index. Nothing it
-    computes is applied. Tensors the check does not read (integers,
-    strings, sparse) are returned as they are.
+    takes part in every collective). Labels, sample weights and the inputs
+    of a model that `reads_indices` go in as zeros then, so that a NaN a
+    gather or a sparse loss would read as an index does not fail the pass
+    with an error of its own. Nothing the pass computes is applied.
     """
-    if not _checked_tensor(tensor):
-        return tensor
-    return tf.cond(finite, lambda: tensor, lambda: tf.zeros_like(tensor))
+    return tf.where(finite, tensor, tf.zeros([], tensor.dtype))
+
+
+# Layers that read their inputs as indices: a NaN cast to an integer is an
+# index out of range, which the layer's kernel reports as an error of its
+# own.
+INDEX_LAYERS = (
+    keras.layers.Embedding, keras.layers.IntegerLookup,
+    keras.layers.StringLookup, keras.layers.CategoryEncoding,
+    keras.layers.Hashing, keras.layers.TextVectorization,
+)
+
+
+def reads_indices(model):
+    """Whether `model` may turn a NaN of its inputs into an index.
+
+    True for a model with an integer input or a layer of `INDEX_LAYERS`:
+    its inputs are `sanitized` on a bad batch.
+
+    Args:
+        model: A Keras model.
+
+    Returns:
+        True or False.
+    """
+    if any(str(t.dtype).startswith(("int", "uint"))
+           for t in keras.tree.flatten(model.inputs or [])):
+        return True
+    return any(isinstance(layer, INDEX_LAYERS)
+               for layer in internals.nested_layers(model))
 
 
 class Record:
@@ -186,8 +226,8 @@ class Record:
     `progress` holds `[steps taken, step that failed or -1]`; `found`, the
     failed step's `counts` of every replica (`[replicas, tensors, FIELDS]`,
     flattened behind its layout's index and the replica count). Both are
-    written by the training step only; `raise_if_found` reads them once
-    per call of the train function.
+    written by the training step only, which returns `progress` in its
+    logs (`STATUS`): `raise_if_found` reads `found` only after a failure.
 
     Args:
         strategy: The model's distribution strategy (the variables are
@@ -216,12 +256,17 @@ class Record:
         """Whether a step of this call failed already (traced)."""
         return self.progress[1] >= 0
 
-    def note(self, finite, counts, layout):
-        """Counts one step; on a bad one, writes its findings (traced).
+    def count(self):
+        """Counts a step that ran (traced; the gate's update branch)."""
+        return tf.group(self.progress.assign_add([1, 0]))
+
+    def note(self, counts, layout):
+        """Counts a step that did not run; writes the first one's findings.
+
+        Traced, in the gate's other branch: the batch was not finite, or a
+        step of this call failed before (then only counted).
 
         Args:
-            finite: Whether every replica's share was finite (and no step
-                of this call failed before).
             counts: `[replicas, tensors, FIELDS]` int64 counts.
             layout: The index from `layout`.
 
@@ -230,30 +275,27 @@ class Record:
         """
         taken = self.progress[0]
 
-        def bad():
+        def first():
             flat = tf.concat([[layout, tf.shape(counts, tf.int64)[0]],
                               tf.reshape(counts, [-1])], 0)
             return tf.group(
                 self.found.assign(flat),
                 self.progress.assign(tf.stack([taken + 1, taken])))
 
-        def good():
-            return tf.group(self.progress.assign_add([1, 0]))
+        return tf.cond(self.failed(), self.count, first)
 
-        already = self.failed()
-        return tf.cond(tf.logical_or(finite, already), good, bad)
-
-    def raise_if_found(self, position):
+    def raise_if_found(self, status, position):
         """Raises the failed step's `NonFiniteInputError`, if one failed.
 
         Args:
+            status: `progress` as the call's last step returned it.
             position: The model's `Position` (the epoch and first batch of
                 the call).
 
         Raises:
             NonFiniteInputError: naming the failed step.
         """
-        taken, failed_at = (int(v) for v in self.progress.numpy())
+        taken, failed_at = (int(v) for v in status)
         before, self._steps_before = self._steps_before, taken
         if failed_at < 0:
             return
@@ -389,8 +431,8 @@ def reporting(train_function, record, position):
     """
 
     def train(*args, **kwargs):
-        logs = train_function(*args, **kwargs)
-        record.raise_if_found(position)
+        logs = dict(train_function(*args, **kwargs))
+        record.raise_if_found(logs.pop(STATUS).numpy(), position)
         return logs
 
     train.reports_nonfinite = True

@@ -45,31 +45,32 @@ def _apply(optimizer, grads, variables):
     return tf.no_op()
 
 
-def _gate_here(model, grads, variables, finite_now, counts, state, record,
+def _gate_here(model, grads, variables, finite_now, checked, state, record,
                layout):
     """The gate without a strategy: update, or put the state back."""
-    ok = finite_now
-    if record is None:
-        return _apply(model.optimizer, grads, variables), ok
     ok = tf.logical_and(finite_now, tf.logical_not(record.failed()))
     state_variables, saved = state
-    update = tf.cond(
-        ok, lambda: _apply(model.optimizer, grads, variables),
-        lambda: _put_back(state_variables, saved))
-    with tf.control_dependencies([update]):
-        noted = record.note(finite_now, counts[None], layout)
-    with tf.control_dependencies([noted]):
-        return update, tf.identity(ok)
+
+    def update():
+        return tf.group(_apply(model.optimizer, grads, variables),
+                        record.count())
+
+    def skip():
+        return tf.group(_put_back(state_variables, saved),
+                        record.note(finite.located(checked)[None], layout))
+
+    gated = tf.cond(ok, update, skip)
+    with tf.control_dependencies([gated]):
+        return record.progress.read_value()
 
 
-def _gate_across(model, grads, variables, finite_now, counts, state, record,
+def _gate_across(model, grads, variables, finite_now, checked, state, record,
                  layout):
-    """The gate under a strategy, from a replica: one cross-replica update."""
+    """The gate under a strategy, from a replica: one cross-replica branch."""
     optimizer = model.optimizer
 
-    def across(strategy, grads, finite_now, counts, saved):
+    def across(strategy, grads, finite_now, checked, saved):
         local = strategy.experimental_local_results
-        every = tf.reduce_all(tf.stack(local(finite_now)))
 
         def apply():
             # Keras's `apply` in every replica, its all-reduce included, as
@@ -79,27 +80,31 @@ def _gate_across(model, grads, variables, finite_now, counts, state, record,
                 _apply, args=(optimizer, grads, variables))
             return tf.no_op()
 
-        if record is None:
-            return apply(), every
+        every = tf.reduce_all(tf.stack(local(finite_now)))
         ok = tf.logical_and(every, tf.logical_not(record.failed()))
-        state_variables = state[0]
 
-        def put_back():
-            return tf.group([
+        def update():
+            return tf.group(apply(), record.count())
+
+        def skip():
+            put_back = [
                 strategy.extended.update(
                     v.value, lambda var, value: var.assign(value),
                     args=(value,), group=True)
-                for v, value in zip(state_variables, saved)])
+                for v, value in zip(state[0], saved)]
+            shares = zip(*[local(t) for t in checked]) if checked else [
+                () for _ in local(finite_now)]
+            counts = tf.stack([finite.located(list(share))
+                               for share in shares])
+            return tf.group(put_back, record.note(counts, layout))
 
-        update = tf.cond(ok, apply, put_back)
-        with tf.control_dependencies([update]):
-            noted = record.note(every, tf.stack(local(counts)), layout)
-        with tf.control_dependencies([noted]):
-            return update, tf.identity(ok)
+        gated = tf.cond(ok, update, skip)
+        with tf.control_dependencies([gated]):
+            return record.progress.read_value()
 
-    saved = state[1] if state else []
+    saved = state[1]
     return tf.distribute.get_replica_context().merge_call(
-        across, args=(grads, finite_now, counts, saved))
+        across, args=(grads, finite_now, checked, saved))
 
 
 def train_step(model, data, record=None, input_names=(), output_names=()):
@@ -122,25 +127,46 @@ def train_step(model, data, record=None, input_names=(), output_names=()):
     ...     return training_step.train_step(self, data, self._record)
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    finite_now, counts, layout, state = tf.constant(True), None, 0, None
-    metrics_state = None
+    finite_now, checked, layout, state = tf.constant(True), [], 0, None
     if record is not None:
         leaves = finite.checked_leaves(x, y, sample_weight, input_names,
                                        output_names)
-        finite_now, counts = finite.check([t for _, t in leaves])
+        checked = [t for _, t in leaves]
+        finite_now = finite.check(checked)
         layout = record.layout(leaves)
-        x, y, sample_weight = keras.tree.map_structure(
-            lambda t: finite.sanitized(t, finite_now),
-            (x, y, sample_weight))
+
+        def clean(structure):
+            return keras.tree.map_structure(
+                lambda t: (finite.sanitized(t, finite_now)
+                           if finite.is_checked(t) else t), structure)
+
+        y, sample_weight = clean((y, sample_weight))
+        if finite.reads_indices(model):
+            x = clean(x)
         state_variables = list(model.non_trainable_variables)
         state = (state_variables, _snapshot(state_variables))
-        metrics_state = (list(model.metrics_variables),
-                         _snapshot(model.metrics_variables))
 
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
                                   sample_weight=sample_weight, training=True)
+        scaled = (loss if model.optimizer is None
+                  else model.optimizer.scale_loss(loss))
+
+    variables = model.trainable_variables
+    if not variables:
+        warnings.warn("The model does not have any trainable weights.",
+                      stacklevel=2)
+    grads = tape.gradient(scaled, variables) if variables else []
+    if record is None:
+        model.optimizer.apply(grads, variables)
+    else:
+        gate = (_gate_across if tf.distribute.has_strategy() and not
+                tf.distribute.in_cross_replica_context() else _gate_here)
+        status = gate(model, grads, variables, finite_now, checked, state,
+                      record, layout)
+
+    def tracked():
         rows = tf.shape(next(t for t in keras.tree.flatten(x)
                              if t is not None))[0]
         # `compute_loss` divides by the replica count (the gradients are
@@ -148,23 +174,12 @@ def train_step(model, data, record=None, input_names=(), output_names=()):
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         internals.loss_tracker(model).update_state(
             loss * tf.cast(replicas, loss.dtype), sample_weight=rows)
-        if model.optimizer is not None:
-            loss = model.optimizer.scale_loss(loss)
+        return model.compute_metrics(x, y, y_pred,
+                                     sample_weight=sample_weight)
 
-    variables = model.trainable_variables
-    ok = finite_now
-    if variables:
-        grads = tape.gradient(loss, variables)
-        gate = (_gate_across if tf.distribute.has_strategy() and not
-                tf.distribute.in_cross_replica_context() else _gate_here)
-        _, ok = gate(model, grads, variables, finite_now, counts, state,
-                     record, layout)
-    else:
-        warnings.warn("The model does not have any trainable weights.",
-                      stacklevel=2)
-    logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-    if metrics_state is not None:
-        with tf.control_dependencies(keras.tree.flatten(logs)):
-            tf.cond(ok, tf.no_op,
-                    lambda: _put_back(*metrics_state))
-    return logs
+    # On a bad batch the metrics take in its step too (they are reset
+    # before the next epoch, evaluation or `train_on_batch`).
+    logs = tracked()
+    if record is None:
+        return logs
+    return {**logs, finite.STATUS: status}
