@@ -33,13 +33,11 @@ from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
-# The key of the guarded step's logs that carries `Record.progress` to the
+# The key of the guarded step's logs that carries `Record.status()` to the
 # train function's caller (`reporting` takes it out).
 STATUS = "_multigpu_nonfinite_status"
 # Rows of a tensor the error names; the counts cover them all.
 _FIRST_ROWS = 5
-# Per checked tensor: NaN count, inf count, bad rows, the first bad rows.
-FIELDS = 3 + _FIRST_ROWS
 
 
 class NonFiniteInputError(ValueError):
@@ -126,20 +124,12 @@ def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
     return [(leaf, t) for leaf, t in leaves if is_checked(t)]
 
 
-def _located(tensor):
-    """`tensor`'s NaN and inf counts and bad rows: one `FIELDS` vector."""
-    bad = tf.logical_not(tf.math.is_finite(tensor))
-    nan = tf.reduce_sum(tf.cast(tf.math.is_nan(tensor), tf.int64))
-    inf = tf.reduce_sum(tf.cast(tf.math.is_inf(tensor), tf.int64))
-    if tensor.shape.rank == 0:
-        rows = tf.reshape(tf.where(bad), [-1])
-    else:
-        per_row = tf.reshape(bad, [tf.shape(tensor)[0], -1])
-        rows = tf.reshape(tf.where(tf.reduce_any(per_row, axis=1)), [-1])
-    shown = tf.minimum(tf.size(rows), _FIRST_ROWS)
-    first = tf.pad(rows[:_FIRST_ROWS], [[0, _FIRST_ROWS - shown]],
-                   constant_values=-1)
-    return tf.concat([tf.stack([nan, inf, tf.size(rows, tf.int64)]), first], 0)
+def _per_row(tensor):
+    """`tensor`'s NaN and inf counts per row (one row for a scalar)."""
+    rows = tf.reshape(tensor, [tf.shape(tensor)[0], -1] if tensor.shape.rank
+                      else [1, 1])
+    return [tf.reduce_sum(tf.cast(test(rows), tf.int64), axis=1)
+            for test in (tf.math.is_nan, tf.math.is_inf)]
 
 
 def check(tensors):
@@ -163,20 +153,44 @@ def check(tensors):
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
-def located(tensors):
-    """Per tensor, its NaN and inf counts and bad rows (traced).
+def located(shares):
+    """The NaN and inf counts per row of each replica's checked tensors.
+
+    Traced, only in the branch of a step that did not run: what the error
+    says (counts, rows) is worked out from these numbers afterwards.
 
     Args:
-        tensors: The tensors `check` read.
+        shares: Per replica, the tensors `check` read.
 
     Returns:
-        An int64 tensor of shape `[len(tensors), FIELDS]`: per tensor its
-        NaN and inf counts, how many rows hold one and the first 5 of those
-        rows (-1 past the last).
+        A flat int64 tensor: the replica count, the row count of each
+        tensor of each replica, then per tensor its NaN counts per row and
+        its inf counts per row.
     """
-    if not tensors:
-        return tf.zeros([0, FIELDS], tf.int64)
-    return tf.stack([_located(t) for t in tensors])
+    per_row = [_per_row(t) for share in shares for t in share]
+    lengths = (tf.stack([tf.size(nan, tf.int64) for nan, _ in per_row])
+               if per_row else tf.zeros([0], tf.int64))
+    return tf.concat(
+        [tf.constant([len(shares)], tf.int64), lengths]
+        + [part for pair in per_row for part in pair], 0)
+
+
+def _counts(flat, tensors):
+    """`located`'s numbers as `[replicas][tensor] -> (nan, inf, bad rows)`."""
+    replicas = int(flat[0])
+    lengths = flat[1:1 + replicas * tensors]
+    at = 1 + replicas * tensors
+    out = []
+    for replica in range(replicas):
+        share = []
+        for i in range(tensors):
+            rows = int(lengths[replica * tensors + i])
+            nan, inf = flat[at:at + rows], flat[at + rows:at + 2 * rows]
+            at += 2 * rows
+            share.append((int(nan.sum()), int(inf.sum()),
+                          np.flatnonzero(nan + inf)))
+        out.append(share)
+    return out
 
 
 def sanitized(tensor, finite):
@@ -221,13 +235,13 @@ def reads_indices(model):
 
 
 class Record:
-    """What a model's guarded steps found, as data in two variables.
+    """What a model's guarded steps found, as data in variables.
 
-    `progress` holds `[steps taken, step that failed or -1]`; `found`, the
-    failed step's `counts` of every replica (`[replicas, tensors, FIELDS]`,
-    flattened behind its layout's index and the replica count). Both are
-    written by the training step only, which returns `progress` in its
-    logs (`STATUS`): `raise_if_found` reads `found` only after a failure.
+    `taken` counts the steps; `failed_at` is the first step that did not
+    run, or -1; `found` holds that step's `located` numbers behind its
+    layout's index. The training step writes them, and returns `taken` and
+    `failed_at` in its logs (`STATUS`); `raise_if_found` reads `found` only
+    after a failure.
 
     Args:
         strategy: The model's distribution strategy (the variables are
@@ -237,8 +251,10 @@ class Record:
 
     def __init__(self, strategy):
         with tf.init_scope(), strategy.scope():
-            self.progress = tf.Variable([0, -1], dtype=tf.int64,
-                                        trainable=False, name="nonfinite_progress")
+            self.taken = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                     name="nonfinite_taken")
+            self.failed_at = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                         name="nonfinite_failed_at")
             self.found = tf.Variable(tf.zeros([0], tf.int64),
                                      shape=tf.TensorShape(None),
                                      trainable=False, name="nonfinite_found")
@@ -254,41 +270,43 @@ class Record:
 
     def failed(self):
         """Whether a step of this call failed already (traced)."""
-        return self.progress[1] >= 0
+        return self.failed_at >= 0
 
     def count(self):
         """Counts a step that ran (traced; the gate's update branch)."""
-        return tf.group(self.progress.assign_add([1, 0]))
+        return tf.group(self.taken.assign_add(1))
 
-    def note(self, counts, layout):
+    def note(self, found, layout):
         """Counts a step that did not run; writes the first one's findings.
 
         Traced, in the gate's other branch: the batch was not finite, or a
         step of this call failed before (then only counted).
 
         Args:
-            counts: `[replicas, tensors, FIELDS]` int64 counts.
+            found: `located`'s numbers.
             layout: The index from `layout`.
 
         Returns:
             The op.
         """
-        taken = self.progress[0]
 
         def first():
-            flat = tf.concat([[layout, tf.shape(counts, tf.int64)[0]],
-                              tf.reshape(counts, [-1])], 0)
-            return tf.group(
-                self.found.assign(flat),
-                self.progress.assign(tf.stack([taken + 1, taken])))
+            with tf.control_dependencies([
+                    self.found.assign(tf.concat([[layout], found], 0)),
+                    self.failed_at.assign(self.taken)]):
+                return self.count()
 
         return tf.cond(self.failed(), self.count, first)
+
+    def status(self):
+        """`[taken, failed_at]`, read after the step (traced)."""
+        return tf.stack([self.taken.read_value(), self.failed_at.read_value()])
 
     def raise_if_found(self, status, position):
         """Raises the failed step's `NonFiniteInputError`, if one failed.
 
         Args:
-            status: `progress` as the call's last step returned it.
+            status: `status()` as the call's last step returned it.
             position: The model's `Position` (the epoch and first batch of
                 the call).
 
@@ -301,9 +319,9 @@ class Record:
             return
         flat = self.found.numpy()
         self.found.assign(tf.zeros([0], tf.int64))
-        self.progress.assign([taken, -1])
+        self.failed_at.assign(-1)
         leaves = self.layouts[int(flat[0])]
-        counts = flat[2:].reshape(int(flat[1]), len(leaves), FIELDS)
+        counts = _counts(flat[1:], len(leaves))
         raise Findings(leaves, counts).error(position.at(failed_at - before))
 
 
@@ -313,11 +331,11 @@ class Findings:
 
     Attributes:
         leaves: The checked tensors' `Leaf`s.
-        counts: An int array `[replicas, len(leaves), FIELDS]` (see `check`).
+        counts: Per replica, per leaf, `(NaN count, inf count, bad rows)`.
     """
 
     leaves: list
-    counts: np.ndarray
+    counts: list
 
     def error(self, position=None):
         """The `NonFiniteInputError` these findings make.
@@ -331,15 +349,15 @@ class Findings:
         replicas = len(self.counts)
         parts, labels = [], []
         for replica, per_leaf in enumerate(self.counts):
-            for leaf, (nan, inf, rows, *first) in zip(self.leaves, per_leaf):
+            for leaf, (nan, inf, rows) in zip(self.leaves, per_leaf):
                 if nan + inf == 0:
                     continue
                 label = _label(leaf)
                 if label not in labels:
                     labels.append(label)
-                shown = [str(r) for r in first if r >= 0]
-                parts.append(f"{label} has {_values(int(nan), int(inf))} in "
-                             f"{_rows(int(rows), shown, replica, replicas)}")
+                shown = [str(r) for r in rows[:_FIRST_ROWS]]
+                parts.append(f"{label} has {_values(nan, inf)} in "
+                             f"{_rows(len(rows), shown, replica, replicas)}")
         if position is None:
             where, epoch, step = "a training batch", None, None
         else:

@@ -102,6 +102,24 @@ def _check_no_accumulation(optimizer):
         )
 
 
+def _check_one_step_per_execution(steps):
+    """Refuses `steps_per_execution` above 1, which Keras 3 cannot run here.
+
+    Keras's loop of several steps in one call runs the strategy's step
+    inside a `tf.cond` of a `tf.while_loop`, whose `merge_call`s fail under
+    `MirroredStrategy` ("You must feed a value for placeholder tensor",
+    keras-team/keras#19246), with or without this engine.
+    """
+    if isinstance(steps, (int, float)) and steps > 1:
+        raise ValueError(
+            f"Invalid `steps_per_execution` for {setting('engine', 'mirrored')}: "
+            f"received {literal(steps)}; Keras 3 cannot run several steps per "
+            "call under MirroredStrategy (keras-team/keras#19246). Use "
+            f"{setting('steps_per_execution', 1)} (the default) or "
+            f"{setting('engine', 'replicate')}."
+        )
+
+
 def _named_like(graph, names):
     """`graph`'s outputs, named `names` (the template's, made unique).
 
@@ -213,6 +231,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         optimizer = args[0] if args else kwargs.pop("optimizer", "rmsprop")
         args = args[1:]
         _check_no_accumulation(optimizer)
+        _check_one_step_per_execution(kwargs.get("steps_per_execution", 1))
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             keras.Model.compile(self, optimizer, *args,

@@ -57,11 +57,11 @@ def _gate_here(model, grads, variables, finite_now, checked, state, record,
 
     def skip():
         return tf.group(_put_back(state_variables, saved),
-                        record.note(finite.located(checked)[None], layout))
+                        record.note(finite.located([checked]), layout))
 
     gated = tf.cond(ok, update, skip)
     with tf.control_dependencies([gated]):
-        return record.progress.read_value()
+        return record.status()
 
 
 def _gate_across(model, grads, variables, finite_now, checked, state, record,
@@ -94,13 +94,12 @@ def _gate_across(model, grads, variables, finite_now, checked, state, record,
                 for v, value in zip(state[0], saved)]
             shares = zip(*[local(t) for t in checked]) if checked else [
                 () for _ in local(finite_now)]
-            counts = tf.stack([finite.located(list(share))
-                               for share in shares])
-            return tf.group(put_back, record.note(counts, layout))
+            found = finite.located([list(share) for share in shares])
+            return tf.group(put_back, record.note(found, layout))
 
         gated = tf.cond(ok, update, skip)
         with tf.control_dependencies([gated]):
-            return record.progress.read_value()
+            return record.status()
 
     saved = state[1]
     return tf.distribute.get_replica_context().merge_call(

@@ -321,3 +321,14 @@ def test_training_with_validation_data_equals_the_template(rng, engine):
     assert max_weight_difference(template, reference) < 1e-5
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
     np.testing.assert_allclose(got["val_loss"], want["val_loss"], rtol=1e-5)
+
+
+def test_the_mirrored_engine_refuses_several_steps_per_execution():
+    """Keras 3 runs them in a loop whose `merge_call`s fail under
+    MirroredStrategy (keras-team/keras#19246): an error naming the fix."""
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=4, engine="mirrored")
+    with pytest.raises(ValueError, match=(
+            r"Invalid `steps_per_execution` for engine='mirrored': received "
+            r"3; .*Use steps_per_execution=1 \(the default\) or "
+            r"engine='replicate'")):
+        parallel.compile(optimizer="sgd", loss="mse", steps_per_execution=3)

@@ -186,6 +186,27 @@ def test_train_on_batch_is_guarded_too(rng):
     assert _finite(model)
 
 
+# The mirrored engine refuses several steps per call (keras-team/keras#19246,
+# tests/python/test_engines.py).
+@pytest.mark.parametrize("engine", ["replicate"])
+def test_several_steps_per_execution_stop_at_the_bad_batch(rng, engine):
+    """With `steps_per_execution=3` one call of the train function runs 3
+    batches: the error names the bad one, and the batch after it in the
+    same call is not trained either."""
+    x, y = data(rng, 48)  # 6 batches of 8: calls of batches 1-3 and 4-6
+    x[4 * 8 + 2, 0] = np.nan  # batch 5
+    model = _engine_model(mlp(), engine)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                  steps_per_execution=3)
+    with pytest.raises(NonFiniteInputError, match=(
+            r"^Non-finite training data in epoch 1, batch 5 \(counted from "
+            r"1\): x has 1 NaN value in 1 row")) as caught:
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert (caught.value.epoch, caught.value.step) == (0, 4)
+    assert model.optimizer.iterations.numpy() == 4  # batches 1-4
+    assert _finite(model)
+
+
 def test_check_finite_false_turns_the_guard_off(rng):
     x, y = data(rng, 16)
     x[0, 0] = np.nan
