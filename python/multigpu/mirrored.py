@@ -27,6 +27,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from multigpu import accumulation as accumulation_lib
 from multigpu import strategy as strategy_lib
 from multigpu.copies import copy_model
 from multigpu.distributed import weighted_by_rows
@@ -80,25 +81,6 @@ def _check_same_weights(template, replica):
             f"Invalid `model` for {setting('engine', 'mirrored')}: {literal(template.name)} cannot "
             f"be copied weight for weight ({mismatched[:3]}). Use "
             f"{setting('engine', 'replicate')}, which needs no copy."
-        )
-
-
-def _check_no_accumulation(optimizer):
-    """Refuses Keras's gradient accumulation, which this engine cannot run.
-
-    Keras's optimizer accumulates inside a `tf.cond` of each replica whose
-    branches synchronise the replicas (`merge_call`), which
-    `MirroredStrategy` refuses.
-    """
-    steps = getattr(optimizer, "gradient_accumulation_steps", None)
-    if steps:
-        raise ValueError(
-            f"Invalid `optimizer` for {setting('engine', 'mirrored')}: it has "
-            f"{setting('gradient_accumulation_steps', int(steps))}, which this "
-            "engine cannot run (Keras accumulates inside a conditional that "
-            "MirroredStrategy's replicas cannot synchronise in). Use "
-            f"{setting('engine', 'replicate')}, which accumulates exactly, or "
-            f"train on batches {int(steps)} times larger instead."
         )
 
 
@@ -230,18 +212,24 @@ class MirroredModel(TemplateBacked, keras.Model):
         args, kwargs = compile_defaults(self, args, kwargs)
         optimizer = args[0] if args else kwargs.pop("optimizer", "rmsprop")
         args = args[1:]
-        _check_no_accumulation(optimizer)
         _check_one_step_per_execution(kwargs.get("steps_per_execution", 1))
+        steps = accumulation_lib.accumulation_steps(optimizer)
+        configured = optimizer
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
+            if steps:
+                # Accumulated by the training step (`multigpu.accumulation`).
+                optimizer = accumulation_lib.without_accumulation(optimizer)
             keras.Model.compile(self, optimizer, *args,
                                 jit_compile=False, **kwargs)
+        self.__dict__["_accumulation"] = steps and accumulation_lib.Accumulation(
+            steps, self.trainable_variables, self.strategy)
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
-            keras.optimizers.deserialize(
-                keras.optimizers.serialize(self.optimizer)),
+            keras.optimizers.deserialize(keras.optimizers.serialize(
+                configured if steps else self.optimizer)),
             args, kwargs))
 
     def _copy_optimizer_state(self):

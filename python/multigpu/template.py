@@ -338,7 +338,7 @@ class TemplateBacked:
         record = self._guard()[0] if self.check_finite else None
         return training_step.train_step(
             self, data, record, [layer_name(t) for t in self.inputs],
-            list(self.output_names))
+            list(self.output_names), self.__dict__.get("_accumulation"))
 
     def make_train_function(self, force=False):
         self._guard()  # its variables exist before the step is traced

@@ -65,8 +65,12 @@ def _gate_here(model, grads, variables, finite_now, checked, state, record,
 
 
 def _gate_across(model, grads, variables, finite_now, checked, state, record,
-                 layout):
-    """The gate under a strategy, from a replica: one cross-replica branch."""
+                 layout, accumulation=None):
+    """The gate under a strategy, from a replica: one cross-replica branch.
+
+    Without a `record` (no NaN/inf check) only the update runs there, for
+    an `accumulation.Accumulation`.
+    """
     optimizer = model.optimizer
 
     def across(strategy, grads, finite_now, checked, saved):
@@ -76,10 +80,16 @@ def _gate_across(model, grads, variables, finite_now, checked, state, record,
             # Keras's `apply` in every replica, its all-reduce included, as
             # Keras's LossScaleOptimizer runs it: from this cross-replica
             # branch, not from a `tf.cond` of the replicas.
+            if accumulation is not None:
+                return accumulation.update(
+                    strategy, lambda g: _apply(optimizer, g, variables), grads)
             strategy.extended.call_for_each_replica(
                 _apply, args=(optimizer, grads, variables))
             return tf.no_op()
 
+        if record is None:
+            apply()
+            return None
         every = tf.reduce_all(tf.stack(local(finite_now)))
         ok = tf.logical_and(every, tf.logical_not(record.failed()))
 
@@ -101,12 +111,13 @@ def _gate_across(model, grads, variables, finite_now, checked, state, record,
         with tf.control_dependencies([gated]):
             return record.status()
 
-    saved = state[1]
+    saved = state[1] if state else []
     return tf.distribute.get_replica_context().merge_call(
         across, args=(grads, finite_now, checked, saved))
 
 
-def train_step(model, data, record=None, input_names=(), output_names=()):
+def train_step(model, data, record=None, input_names=(), output_names=(),
+               accumulation=None):
     """One training step of an engine's `model` on its share of `data`.
 
     Args:
@@ -117,6 +128,8 @@ def train_step(model, data, record=None, input_names=(), output_names=()):
             NaN/inf check.
         input_names: The model's input names (see `finite.checked_leaves`).
         output_names: The model's output names.
+        accumulation: Under a strategy, the model's
+            `accumulation.Accumulation`, or None.
 
     Returns:
         The logs, as `keras.Model.train_step` returns them.
@@ -157,13 +170,16 @@ def train_step(model, data, record=None, input_names=(), output_names=()):
         warnings.warn("The model does not have any trainable weights.",
                       stacklevel=2)
     grads = tape.gradient(scaled, variables) if variables else []
-    if record is None:
-        model.optimizer.apply(grads, variables)
+    across = (tf.distribute.has_strategy()
+              and not tf.distribute.in_cross_replica_context())
+    if across and (record is not None or accumulation is not None):
+        status = _gate_across(model, grads, variables, finite_now, checked,
+                              state, record, layout, accumulation)
+    elif record is not None:
+        status = _gate_here(model, grads, variables, finite_now, checked,
+                            state, record, layout)
     else:
-        gate = (_gate_across if tf.distribute.has_strategy() and not
-                tf.distribute.in_cross_replica_context() else _gate_here)
-        status = gate(model, grads, variables, finite_now, checked, state,
-                      record, layout)
+        model.optimizer.apply(grads, variables)
 
     def tracked():
         rows = tf.shape(next(t for t in keras.tree.flatten(x)

@@ -80,3 +80,28 @@ test_that("fit() stops at a batch holding NA or Inf, naming it the R way", {
   expect_false(all(vapply(parallel$get_weights(),
                           function(w) all(is.finite(w)), NA)))
 })
+
+test_that("keras3's gradient_accumulation_steps equals one step on the larger batch, on both engines", {
+  skip_if_no_multigpu()
+  x <- iris_x(c(1:12, 51:62, 101:112))
+  y <- iris_y(c(1:12, 51:62, 101:112))
+  for (engine in c("replicate", "mirrored")) {
+    template <- tiny_model()
+    reference <- keras3::clone_model(template)
+    reference$set_weights(template$get_weights())
+    parallel <- multi_gpu_model(template, gpus = 2, engine = engine)
+    parallel |> compile(
+      optimizer = keras3::optimizer_sgd(learning_rate = 0.2, momentum = 0.5,
+                                        gradient_accumulation_steps = 3),
+      loss = "sparse_categorical_crossentropy")
+    parallel |> fit(x, y, batch_size = 6, epochs = 1, shuffle = FALSE, verbose = 0)
+    reference |> compile(optimizer = keras3::optimizer_sgd(learning_rate = 0.2, momentum = 0.5),
+                         loss = "sparse_categorical_crossentropy")
+    reference |> fit(x, as.integer(y) - 1L, batch_size = 18, epochs = 1,
+                     shuffle = FALSE, verbose = 0)
+    got <- unlist(lapply(template$get_weights(), as.numeric))
+    want <- unlist(lapply(reference$get_weights(), as.numeric))
+    expect_equal(got, want, tolerance = 1e-5, label = engine)
+    expect_equal(as.numeric(parallel$optimizer$iterations$numpy()), 2)
+  }
+})
