@@ -380,11 +380,7 @@ def _likely_cause(model, x, engine, devices, batch_size, differing):
             "totalled over the devices. A metric that is one statistic of "
             "the rows it is given (not a mean of one value per row) is "
             "computed on each device's rows: compute one value per row and "
-            "let Keras average them."
-            + (f" With {setting('engine', 'mirrored')}, a metric object "
-               "(not a metric's name) is also totalled otherwise in the "
-               f"steps of an epoch: pass its name, e.g. {literal('accuracy')}."
-               if engine == "mirrored" else ""))
+            "let Keras average them.")
     scalar = [] if engine == "replicate" else _scalar_losses(
         model, model.loss, x)
     if scalar:

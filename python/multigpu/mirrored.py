@@ -23,6 +23,7 @@ measures both on logical CPU devices.
 """
 
 import contextlib
+import inspect
 
 import keras
 import tensorflow as tf
@@ -82,6 +83,22 @@ def _check_same_weights(template, replica):
             f"be copied weight for weight ({mismatched[:3]}). Use "
             f"{setting('engine', 'replicate')}, which needs no copy."
         )
+
+
+def _metric_in_scope(metric):
+    """A metric object made anew, in the current strategy's scope.
+
+    A metric made outside the scope keeps plain variables, which every
+    replica updates in turn: its values within an epoch are then not one
+    device's. Names and functions are left as they are, and so is a metric
+    whose config does not rebuild it (an unregistered class).
+    """
+    if not isinstance(metric, keras.metrics.Metric):
+        return metric
+    try:
+        return keras.metrics.deserialize(keras.metrics.serialize(metric))
+    except (TypeError, ValueError):
+        return metric
 
 
 def _check_one_step_per_execution(steps):
@@ -220,8 +237,15 @@ class MirroredModel(TemplateBacked, keras.Model):
             if steps:
                 # Accumulated by the training step (`multigpu.accumulation`).
                 optimizer = accumulation_lib.without_accumulation(optimizer)
-            keras.Model.compile(self, optimizer, *args,
-                                jit_compile=False, **kwargs)
+            arguments = inspect.signature(keras.Model.compile).bind(
+                self, optimizer, *args, **kwargs).arguments
+            arguments.pop("self")
+            arguments.update(arguments.pop("kwargs", {}))
+            for key in ("metrics", "weighted_metrics"):
+                arguments[key] = keras.tree.map_structure(
+                    _metric_in_scope, arguments.get(key))
+            arguments["jit_compile"] = False
+            keras.Model.compile(self, **arguments)
         self.__dict__["_accumulation"] = steps and accumulation_lib.Accumulation(
             steps, self.trainable_variables, self.strategy)
         # The template is compiled alike, with an optimizer of its own that
