@@ -7,7 +7,6 @@ value means the same devices everywhere.
 
 import collections
 import gc
-import inspect
 import os
 import re
 import warnings
@@ -43,19 +42,20 @@ def _logical_devices(device_type):
     return [d.name for d in tf.config.list_logical_devices(device_type)]
 
 
-def _caller_stacklevel():
-    """Stack level of the first frame outside this package, for warnings."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = inspect.currentframe().f_back, 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
+# The warnings point at the user's line: Python 3.12 skips this package's
+# frames itself; before it, they point at the caller of `_warn_once`'s
+# caller.
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _warn_once(key, message):
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=_caller_stacklevel())
+        try:
+            warnings.warn(message, UserWarning,
+                          skip_file_prefixes=(_PACKAGE,))
+        except TypeError:  # Python < 3.12
+            warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def available_devices():
