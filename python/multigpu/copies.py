@@ -9,6 +9,8 @@ refuses a `Lambda` layer's Python code). Loading a saved file keeps them.
 
 import keras
 
+from multigpu import internals
+
 
 def _copy_layer(layer):
     """The copy of one layer of a graph being copied (see `copy_model`)."""
@@ -77,11 +79,5 @@ def _has_own_config(model):
 
 
 def _is_functional(model):
-    """Whether `model` is Keras's functional model or a subclass of it.
-
-    (A subclassed model called on symbolic inputs has `inputs` too, but no
-    graph of layers: its `call` is code.)
-    """
-    return any(cls.__name__ == "Functional"
-               and cls.__module__.startswith("keras.")
-               for cls in type(model).__mro__)
+    """Whether `model` is Keras's functional model or a subclass of it."""
+    return internals.is_functional(model)

@@ -183,3 +183,31 @@ def global_seed_generator():
 def eager_context():
     """TensorFlow's eager context (its run-metadata switches and export)."""
     return context.context()
+
+
+# The engines' hooks: the copy of an in-memory model (`multigpu.copies`) and
+# the memory plan (`multigpu.memory_plan`).
+
+
+def is_functional(model):
+    """Whether `model` is Keras's functional model (its class is private).
+
+    A subclassed model called on symbolic inputs has `inputs` too, but no
+    graph of layers: its `call` is code.
+    """
+    from keras.src.models.functional import Functional
+
+    return isinstance(model, Functional)
+
+
+def device_memory_limits():
+    """`{device name: bytes}` of the allocators' limits, for GPUs.
+
+    `tensorflow.python.client.device_lib` is the only place TensorFlow
+    gives a GPU's memory limit; CPUs report none.
+    """
+    from tensorflow.python.client import device_lib
+
+    return {local.name: int(local.memory_limit)
+            for local in device_lib.list_local_devices()
+            if local.memory_limit and local.device_type == "GPU"}

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import arguments, messages
+from multigpu import arguments, internals, messages
 from multigpu.devices import resolve_devices
 from multigpu.placement import format_bytes
 from multigpu.placement.table import text_table
@@ -240,17 +240,14 @@ def _reported_memory(device):
     """Bytes of `device`'s memory as TensorFlow reports it, or None.
 
     GPUs: the memory limit TensorFlow's allocator has for the device
-    (`tensorflow.python.client.device_lib`, the only place TensorFlow gives
-    it). CPUs report no limit of their own.
+    (`internals.device_memory_limits`). CPUs report no limit of their own.
     """
     if ":GPU:" not in device.upper():
         return None
-    from tensorflow.python.client import device_lib
-
     wanted = device.upper().replace("/DEVICE:", "")
-    for local in device_lib.list_local_devices():
-        if local.name.upper().replace("/DEVICE:", "") == wanted and local.memory_limit:
-            return int(local.memory_limit)
+    for name, limit in internals.device_memory_limits().items():
+        if name.upper().replace("/DEVICE:", "") == wanted:
+            return limit
     return None
 
 

@@ -222,6 +222,7 @@ def test_gpu_memory_is_read_from_what_tensorflow_reports(monkeypatch):
     class Local:
         def __init__(self, name, memory_limit):
             self.name, self.memory_limit = name, memory_limit
+            self.device_type = name.split(":")[-2]
 
     monkeypatch.setattr(device_lib, "list_local_devices", lambda: [
         Local("/device:CPU:0", 268435456), Local("/device:GPU:0", 15 * 2**30),

@@ -1,0 +1,42 @@
+"""The Keras and TensorFlow internals the engines rely on still exist.
+
+`multigpu.internals` names them; each test fails when Keras or TensorFlow
+renames or drops one (the checkpoint callbacks' hooks have theirs in
+`test_checkpoint_hooks.py`).
+"""
+
+import keras
+
+from models import mlp
+from multigpu import internals
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_is_functional_tells_a_graph_of_layers_from_code():
+    assert internals.is_functional(mlp())
+    subclassed = _Subclassed()
+    subclassed(keras.ops.zeros((1, 3)))
+    assert not internals.is_functional(subclassed)
+
+
+def test_device_memory_limits_lists_gpus_only():
+    limits = internals.device_memory_limits()
+    assert isinstance(limits, dict)
+    assert all(":GPU:" in name.upper() and value > 0
+               for name, value in limits.items())
+
+
+def test_the_loss_tracker_is_the_compiled_models_loss_metric():
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse")
+    tracker = internals.loss_tracker(model)
+    assert isinstance(tracker, keras.metrics.Mean)
+    assert tracker.name == "loss"
