@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import finite, internals
+from multigpu import gradients as gradients_lib
 
 
 def _snapshot(variables):
@@ -41,7 +42,10 @@ def _put_back(variables, values):
 
 
 def _apply(optimizer, grads, variables):
-    optimizer.apply(grads, variables)
+    # Traced in a branch of the gate's `tf.cond` (a graph of its own): the
+    # custom gradients the update registers belong to its ops.
+    with gradients_lib.gradients_owned_by_ops():
+        optimizer.apply(grads, variables)
     return tf.no_op()
 
 
