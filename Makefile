@@ -63,7 +63,8 @@ setup-python: $(PY_STAMP)
 $(PY_STAMP): pyproject.toml
 	bash .ci/apt-install.sh r-base-dev
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e ".[cpu,demo,test,docs,hub]"
+	$(PY) -m pip install --quiet -e ".[cpu,demo,test,docs]"
+	bash .ci/install-hub.sh $(PY)
 	touch $@
 
 setup-r: $(R_STAMP)
