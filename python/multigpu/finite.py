@@ -6,14 +6,14 @@ the reported loss may even stay finite (metrics average over the epoch), and
 hours later the model predicts NaN.
 
 The engines' training step (`multigpu.training_step`) checks every
-floating-point tensor of its share of the batch first (`check`), runs the
-forward and backward pass on the share, or on zeros in its place when the
-share is not finite (`sanitized`: a NaN cast to an index would otherwise
-fail in a gather), and updates the weights only when every replica's share
-was finite. On a bad batch it puts back what the forward pass wrote
-(BatchNormalization's statistics, Dropout's seed, the metrics) and writes
-its findings, as numbers, into the model's `Record`. The train function
-then raises a `NonFiniteInputError` from them, naming the epoch and batch
+floating-point tensor of its share of the batch first (`check`) and updates
+the weights only when every replica's share was finite. On a bad batch the
+labels and sample weights (and the inputs of a model that `reads_indices`)
+go in as zeros (`sanitized`: a NaN cast to an index would otherwise fail in
+a gather), what the forward pass wrote is put back (BatchNormalization's
+statistics, Dropout's seed), and the findings, NaN and inf counts per row
+(`located`), go into the model's `Record`. The train function then raises
+a `NonFiniteInputError` from them (`reporting`), naming the epoch and batch
 (kept by a `Position` callback), the input (`x`, `y` or `sample_weight`,
 and which named input or output), how many NaN and inf values it had and
 in which rows. Every collective of the step completes, bad batch or not.

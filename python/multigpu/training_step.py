@@ -6,16 +6,17 @@ loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
 * With the NaN/inf guard on (`model.check_finite`), each replica checks its
-  share of the batch first (`multigpu.finite`), and the update runs only
-  when every share is finite; on a bad batch, what the forward pass wrote
-  (the model's non-trainable variables and the metrics) is put back, and
-  the findings go to the model's `finite.Record`.
-* Under a `tf.distribute` strategy (the mirrored engine), the update runs
-  in cross-replica context, once, after the gradients are summed with
-  `strategy.extended.batch_reduce_to`. Keras's optimizer then needs no
-  `merge_call` inside a `tf.cond` of a replica (a cond whose branches
-  synchronise the replicas deadlocks or fails), so the gate and Keras's own
-  `gradient_accumulation_steps` both work; every all-reduce of the step
+  share of the batch first (`multigpu.finite`), and the update runs inside
+  a `tf.cond`, only when every share is finite; on a bad batch the other
+  branch puts back what the forward pass wrote (the model's non-trainable
+  variables) and writes the findings to the model's `finite.Record`.
+* Under a `tf.distribute` strategy (the mirrored engine), that `tf.cond`
+  runs in cross-replica context, in one `merge_call`, and its branch calls
+  Keras's `apply` in every replica (all-reduce included), as Keras's
+  `LossScaleOptimizer` does: a `tf.cond` of a replica whose branch
+  synchronises the replicas is refused by `MirroredStrategy`. The same
+  branch runs the mirrored engine's gradient accumulation
+  (`multigpu.accumulation`). No assertion ends a step: every collective
   runs to its end, bad batch or not.
 
 Without a strategy (the replicate and model-parallel engines) the gate is
