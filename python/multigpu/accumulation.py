@@ -95,13 +95,11 @@ class Accumulation:
         def mean():
             strategy.extended.call_for_each_replica(
                 self._apply_mean, args=(apply, grads))
-            return tf.no_op()
+            return self._reset()
 
         stepped = tf.cond(last, mean, add)
         with tf.control_dependencies([stepped]):
-            reset = tf.cond(last, self._reset, tf.no_op)
-            with tf.control_dependencies([reset]):
-                return tf.group(self.taken.assign_add(1))
+            return tf.group(self.taken.assign_add(1))
 
     def _apply_mean(self, apply, grads):
         """In a replica: its share of the mean gradient, applied."""
