@@ -21,6 +21,7 @@ from multigpu.functional import callable_graph
 from multigpu.messages import api, literal, literals, setting
 from multigpu.mirrored import MirroredModel
 from multigpu.replicas import ParallelModel
+from multigpu.sync_batchnorm import check_sync_batchnorm, walk_problem
 from multigpu.template import TemplateBacked
 
 ENGINES = ("auto", "replicate", "mirrored")
@@ -98,8 +99,35 @@ def relocate_to_cpu(model):
     return clone
 
 
+def _sync_batchnorm_choice(choice, engine, problem):
+    """The engine that can pool BatchNormalization statistics for a model.
+
+    The replicate engine pools them by walking the model's graph; a model
+    it cannot walk (`problem`, from `sync_batchnorm.walk_problem`) needs
+    the mirrored engine, which `engine="auto"` then runs.
+
+    Raises:
+        ValueError: for `engine="replicate"` with such a model.
+    """
+    if problem is None or choice.engine == "mirrored":
+        return choice
+    if engine == "replicate":
+        raise ValueError(
+            f"Invalid `model` for {setting('sync_batchnorm', True)} with "
+            f"{setting('engine', 'replicate')}: {problem}, so its "
+            "BatchNormalization layers cannot see the other replicas' rows. "
+            f"Use {setting('engine', 'mirrored')} (or "
+            f"{setting('engine', 'auto')}), whose strategy pools them, or "
+            "build the model as a functional or Sequential model."
+        )
+    return scaling.EngineChoice(
+        "mirrored",
+        f"{setting('sync_batchnorm', True)} and {problem}: only the "
+        "mirrored engine pools its BatchNormalization statistics")
+
+
 def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
-                    engine=DEFAULT_ENGINE):
+                    engine=DEFAULT_ENGINE, sync_batchnorm=False):
     """Replicates a model on several devices (single-machine data parallelism).
 
     Every batch is divided into one sub-batch per device (sizes differ by at
@@ -132,7 +160,18 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             2 GPUs, the mirrored engine on 3 or more GPUs
             (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
             back to the replicate engine, with a warning naming why, when
-            `cpu_merge=False` or the model cannot be copied.
+            `cpu_merge=False` or the model cannot be copied. With
+            `sync_batchnorm=True` and a model the replicate engine cannot
+            walk (BatchNormalization inside a subclassed model or layer) it
+            runs the mirrored engine.
+        sync_batchnorm: False (the default): each replica's
+            BatchNormalization layers take their batch statistics over its
+            own share of the batch, as the original `multi_gpu_model` did.
+            True: over the whole batch, so a training step equals the
+            template's, moving statistics included; it costs one pooling of
+            the statistics per layer and step (docs/training.md, "Batch
+            statistics"). The replicate engine then runs a functional or
+            Sequential model's graph node by node across the replicas.
 
     Returns:
         A `ParallelModel` or a `MirroredModel` (a `keras.Model`), with
@@ -141,7 +180,10 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
         template, which loads back with plain `keras.models.load_model`.
 
     Raises:
-        ValueError: for invalid `gpus`, flags, or an unbuilt model.
+        ValueError: for invalid `gpus`, flags, or an unbuilt model; for
+            `sync_batchnorm=True` with a model neither engine can pool
+            (`renorm=True`), or with `engine="replicate"` and a model it
+            cannot walk.
         TypeError: if `model` is not a `keras.Model`.
 
     Example:
@@ -149,12 +191,14 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     >>> parallel.compile(optimizer="rmsprop", loss="categorical_crossentropy")
     >>> parallel.fit(x, y, epochs=20, batch_size=256)  # 64 rows per device
     >>> parallel.save("model.keras")                    # writes the template
+    >>> exact = multigpu.multi_gpu_model(model, gpus=4, sync_batchnorm=True)
     """
     _check_not_parallel(model)
     callable_graph(model)
     strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
+    sync_batchnorm = check_sync_batchnorm(sync_batchnorm)
     check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
@@ -163,12 +207,20 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     else:
         choice = scaling.EngineChoice(
             engine, f"requested with {setting('engine', engine)}")
+    problem = walk_problem(template) if sync_batchnorm else None
+    predicted, choice = choice, _sync_batchnorm_choice(choice, engine, problem)
+    if choice is not predicted:
+        warnings.warn(
+            f"{setting('engine', 'auto')} runs the mirrored engine: "
+            f"{choice.reason}. Pass {setting('engine', 'mirrored')} to "
+            "choose it and silence this warning.", UserWarning, stacklevel=2)
     parallel = None
     if choice.engine == "mirrored":
         try:
-            parallel = MirroredModel(template, devices)
+            parallel = MirroredModel(template, devices,
+                                     sync_batchnorm=sync_batchnorm)
         except ValueError as error:
-            if engine != "auto":
+            if engine != "auto" or problem is not None:
                 raise
             choice = scaling.fall_back_to_replicate(
                 choice, "the mirrored engine cannot take the model ("
@@ -178,7 +230,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
                       stacklevel=2)
     if parallel is None:
         merge_device = HOST_DEVICE if cpu_merge else devices[0]
-        parallel = ParallelModel(template, devices, merge_device)
+        parallel = ParallelModel(template, devices, merge_device,
+                                 sync_batchnorm=sync_batchnorm)
     parallel.engine_reason = choice.reason + (
         f"; fell back: {choice.fallback}" if choice.fallback else "")
     return parallel

@@ -107,7 +107,7 @@ def forward_only_when_empty(forward, inference_fn):
     """
 
     def on_no_rows(rows, *inputs):
-        outputs = inference_fn(*[_one_row_of_zeros(x) for x in inputs])
+        outputs = inference_fn(*[one_row_of_zeros(x) for x in inputs])
         # `rows` (zero) rather than 0 keeps the batch size unknown in the
         # graph, as the other branch's.
         return [tf.stop_gradient(y[:rows]) for y in outputs]
@@ -129,7 +129,7 @@ def forward_only_when_empty(forward, inference_fn):
     return guarded
 
 
-def _one_row_of_zeros(tensor):
+def one_row_of_zeros(tensor):
     shape = tf.concat([[1], tf.shape(tensor)[1:]], axis=0)
     if tensor.dtype == tf.string:
         return tf.fill(shape, "")

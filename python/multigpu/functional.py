@@ -3,7 +3,9 @@
 `callable_graph` gives any built model (Sequential, functional or
 subclassed) a graph with symbolic inputs and outputs; `output_names` and
 `named_like` keep a wrapper's output names those of the model, so loss and
-metric dicts keyed by them work unchanged.
+metric dicts keyed by them work unchanged. `execution_order` and
+`call_arguments` walk such a graph node by node (the pipeline's stages and
+`sync_batchnorm`'s walk across replicas run it that way).
 """
 
 import keras
@@ -163,3 +165,44 @@ def symbolic_graph(model):
             f"{api('multi_gpu_model')} also takes built subclassed models."
         ) from None
     return graph
+
+
+def execution_order(graph):
+    """The graph's computing nodes in an order that respects their inputs.
+
+    Args:
+        graph: A functional graph (see `symbolic_graph`).
+
+    Returns:
+        A list of Keras nodes, input layers left out; a node comes after
+        every node whose output it reads.
+    """
+    ready = {id(x) for x in graph.inputs}
+    order = []
+    by_depth = internals.nodes_by_depth(graph)
+    for depth in sorted(by_depth, reverse=True):
+        for node in by_depth[depth]:
+            if not node.operation or node.is_input:
+                continue
+            if any(id(x) not in ready for x in node.input_tensors):
+                continue
+            order.append(node)
+            ready.update(id(x) for x in node.outputs)
+    return order
+
+
+def call_arguments(node, values, training):
+    """The `(args, kwargs)` that call `node`'s operation on `values`.
+
+    Args:
+        node: A node of a functional graph.
+        values: `{id(symbolic tensor): tensor}` for at least the node's
+            inputs.
+        training: The `training` argument, passed to operations that take
+            one (None: left to them).
+    """
+    args, kwargs = node.arguments.fill_in(values)
+    if training is not None and internals.takes_training_argument(
+            node.operation):
+        kwargs["training"] = training
+    return args, kwargs

@@ -211,3 +211,18 @@ def device_memory_limits():
     return {local.name: int(local.memory_limit)
             for local in device_lib.list_local_devices()
             if local.memory_limit and local.device_type == "GPU"}
+
+
+def batch_norm_reduction_axes(layer):
+    """The axes a built BatchNormalization layer takes its moments over."""
+    return list(layer._reduction_axes)
+
+
+def replace_moments(layer, moments):
+    """Makes a BatchNormalization layer take its moments from `moments`.
+
+    `moments(inputs, mask)` returns `(mean, variance)` as the layer's own
+    `_moments` does; the layer's `call` still normalises and updates its
+    moving statistics with them.
+    """
+    layer._moments = moments

@@ -35,6 +35,7 @@ from multigpu.distributed import weighted_by_rows
 from multigpu.forward import flat_forward, with_logits
 from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
+from multigpu.sync_batchnorm import padded_when_empty, synchronize
 from multigpu.template import (
     TemplateBacked,
     built_like,
@@ -146,9 +147,14 @@ class MirroredModel(TemplateBacked, keras.Model):
     Args:
         template: A built Keras model (Sequential or functional).
         devices: Canonical device names, one replica per device.
+        sync_batchnorm: Pool BatchNormalization's statistics across the
+            replicas in training (`sync_batchnorm.synchronize`), so they are
+            those of the whole batch.
     """
 
-    def __init__(self, template, devices, **kwargs):
+    config_keys = ("devices", "sync_batchnorm")
+
+    def __init__(self, template, devices, sync_batchnorm=False, **kwargs):
         devices = list(devices)
         strategy = strategy_lib.strategy_over(devices)
         # The copy's layers take the template's dtype policy, not a global
@@ -166,6 +172,8 @@ class MirroredModel(TemplateBacked, keras.Model):
                     f"{setting('engine', 'replicate')}, which needs no copy."
                 ) from None
             _check_same_weights(template, replica)
+            if sync_batchnorm:
+                synchronize(replica)
             replica.set_weights(template.get_weights())
             kwargs.setdefault("name", f"{template.name}_mirrored")
             graph = callable_graph(replica)
@@ -174,6 +182,7 @@ class MirroredModel(TemplateBacked, keras.Model):
                              outputs=_named_like(graph, names), **kwargs)
         self._template_ref = _Ref(template)
         self._device_names = tuple(devices)
+        self._sync_batchnorm = bool(sync_batchnorm)
 
     @property
     def template(self):
@@ -184,6 +193,11 @@ class MirroredModel(TemplateBacked, keras.Model):
     def devices(self):
         """Canonical names of the devices that hold one replica each."""
         return list(self._device_names)
+
+    @property
+    def sync_batchnorm(self):
+        """Whether BatchNormalization pools its statistics over all rows."""
+        return self._sync_batchnorm
 
     @property
     def strategy(self):
@@ -390,14 +404,22 @@ class MirroredModel(TemplateBacked, keras.Model):
         reports "input depth must be evenly divisible by filter depth") or,
         in training, give BatchNormalization NaN statistics. Such a replica
         runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
-        gradient, no side effects.
+        gradient, no side effects. With `sync_batchnorm` in training, the
+        pass has all-reduces that every replica must join, which a
+        `tf.cond` would refuse: an empty share runs it on one row of zeros
+        instead, left out of the statistics (`padded_when_empty`).
         """
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,
                                                    mask=mask)
 
         logits_at = []
-        forward = flat_forward(functional, inputs, training, logits_at)
+        if self._sync_batchnorm and training is not None and (
+                training is not False):
+            forward = padded_when_empty(flat_forward(
+                functional, inputs, training, logits_at, guard=False))
+        else:
+            forward = flat_forward(functional, inputs, training, logits_at)
         flat = with_logits(forward(*keras.tree.flatten(inputs)),
                                     logits_at)
         return keras.tree.pack_sequence_as(self._outputs_struct, flat)

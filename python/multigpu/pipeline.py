@@ -17,25 +17,9 @@ from multigpu.forward import (
     split_bounds,
     with_logits,
 )
-from multigpu.functional import symbolic_graph
+from multigpu.functional import call_arguments, execution_order, symbolic_graph
 from multigpu.messages import literal, setting
 from multigpu.template import TemplateLayer
-
-
-def _execution_order(graph):
-    """The graph's computing nodes in an order that respects their inputs."""
-    ready = {id(x) for x in graph.inputs}
-    order = []
-    by_depth = internals.nodes_by_depth(graph)
-    for depth in sorted(by_depth, reverse=True):
-        for node in by_depth[depth]:
-            if not node.operation or node.is_input:
-                continue
-            if any(id(x) not in ready for x in node.input_tensors):
-                continue
-            order.append(node)
-            ready.update(id(x) for x in node.outputs)
-    return order
 
 
 class StagePlan:
@@ -66,7 +50,7 @@ class StagePlan:
         }
         producer = {}  # tensor id -> (stage, operation name)
         nodes = [[] for _ in stages]
-        for node in _execution_order(self.graph):
+        for node in execution_order(self.graph):
             stage = self._stage_of(node, stage_of_layer, producer)
             self._check_inputs(node, stage, producer, devices)
             nodes[stage].append(node)
@@ -147,14 +131,6 @@ class StagePlan:
                     )
 
 
-def _call_args(node, values, training):
-    args, kwargs = node.arguments.fill_in(values)
-    if training is not None and internals.takes_training_argument(
-            node.operation):
-        kwargs["training"] = training
-    return args, kwargs
-
-
 class Stages(TemplateLayer):
     """Runs `template` as a pipeline of stages, one per device.
 
@@ -193,7 +169,7 @@ class Stages(TemplateLayer):
         def forward(*inputs):
             values = dict(zip(plan.needs[stage], inputs))
             for node in plan.nodes[stage]:
-                args, kwargs = _call_args(node, values, training)
+                args, kwargs = call_arguments(node, values, training)
                 outputs = node.operation(*args, **kwargs)
                 values.update(
                     zip((id(x) for x in node.outputs), keras.tree.flatten(outputs))

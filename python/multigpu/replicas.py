@@ -16,6 +16,7 @@ from multigpu.arguments import check_int
 from multigpu.forward import HOST_DEVICE, flat_forward, on_device, split_bounds, with_logits
 from multigpu.functional import callable_graph, layer_name, named_like
 from multigpu.messages import literal
+from multigpu.sync_batchnorm import GlobalBatchWalk
 from multigpu.template import TemplateBacked, TemplateLayer, built_like
 
 
@@ -30,14 +31,21 @@ class DataParallelReplicas(TemplateLayer):
         devices: Canonical device names, one replica per device.
         merge_device: Device on which the batch is sliced and the replica
             outputs concatenated.
+        sync_batchnorm: In training, run the template node by node across
+            the replicas so BatchNormalization takes its statistics over
+            the whole batch (`sync_batchnorm.GlobalBatchWalk`).
     """
 
-    config_keys = ("devices", "merge_device")
+    config_keys = ("devices", "merge_device", "sync_batchnorm")
 
-    def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
+    def __init__(self, template, devices, merge_device=HOST_DEVICE,
+                 sync_batchnorm=False, **kwargs):
         super().__init__(template, **kwargs)
         self.devices = list(devices)
         self.merge_device = merge_device
+        self.sync_batchnorm = bool(sync_batchnorm)
+        self._walk = (GlobalBatchWalk(template, merge_device)
+                      if self.sync_batchnorm else None)
         self._output_struct = callable_graph(template).output
         # (devices, guard) used by the next traced call; see `planned`.
         self._plan = None
@@ -66,6 +74,14 @@ class DataParallelReplicas(TemplateLayer):
 
     def call(self, inputs, training=None):
         devices, guard = self._plan or (self.devices, True)
+        if self._walk is not None and training and len(devices) > 1:
+            merged = self._walked(inputs, devices, guard, training)
+        else:
+            merged = self._forward(inputs, devices, guard, training)
+        return keras.tree.pack_sequence_as(self._output_struct, merged)
+
+    def _forward(self, inputs, devices, guard, training):
+        """One call of the template per device, outputs concatenated."""
         flat_inputs = keras.tree.flatten(inputs)
         logits_at = []
         forward = flat_forward(self.template, inputs, training, logits_at,
@@ -75,8 +91,34 @@ class DataParallelReplicas(TemplateLayer):
             merged = on_device(devices[0], forward, flat_inputs)
         else:
             merged = self._replicated(forward, devices, flat_inputs)
-        return keras.tree.pack_sequence_as(
-            self._output_struct, with_logits(merged, logits_at))
+        return with_logits(merged, logits_at)
+
+    def _walked(self, inputs, devices, guard, training):
+        """The template walked across replicas, BatchNormalization pooled.
+
+        A batch with fewer rows than devices, possible only when no step
+        planned the call (`guard`: the layer called on its own), runs on
+        the first device alone as the template would, so the walk gives
+        every replica at least one row. The `tf.cond` of that choice drops
+        the logits Keras attaches to softmax outputs; the steps of
+        `ParallelModel` plan every call and keep them.
+        """
+        flat_inputs = keras.tree.flatten(inputs)
+
+        def walk():
+            with tf.device(self.merge_device):
+                bounds = split_bounds(tf.shape(flat_inputs[0])[0],
+                                      len(devices))
+                shares = [[x[bounds[i]:bounds[i + 1]] for x in flat_inputs]
+                          for i in range(len(devices))]
+            return self._walk(devices, shares, training)
+
+        if not guard:
+            return walk()
+        rows = tf.shape(flat_inputs[0])[0]
+        return tf.cond(
+            rows >= len(devices), walk,
+            lambda: self._forward(inputs, devices[:1], True, training))
 
     def _replicated(self, forward, devices, flat_inputs):
         """Slices the batch, runs `forward` once per device, concatenates."""
@@ -121,14 +163,15 @@ class ParallelModel(TemplateBacked, keras.Model):
     parallelism = "data parallelism"
     engine = "replicate"
     engine_reason = "built as a ParallelModel"
-    config_keys = ("devices", "merge_device")
+    config_keys = ("devices", "merge_device", "sync_batchnorm")
 
-    def __init__(self, template, devices, merge_device=HOST_DEVICE, **kwargs):
+    def __init__(self, template, devices, merge_device=HOST_DEVICE,
+                 sync_batchnorm=False, **kwargs):
         with built_like(template):
             graph = callable_graph(template)
             inputs = keras.tree.map_structure(_input_like, graph.input)
             replicas = DataParallelReplicas(template, devices, merge_device,
-                                    name="replicas")
+                                            sync_batchnorm, name="replicas")
             outputs = named_like(graph, replicas(inputs))
             kwargs.setdefault("name", f"{template.name}_parallel")
             super().__init__(inputs=inputs, outputs=outputs, **kwargs)
@@ -151,6 +194,11 @@ class ParallelModel(TemplateBacked, keras.Model):
     def merge_device(self):
         """Device that slices batches and concatenates outputs."""
         return self.replicas_layer.merge_device
+
+    @property
+    def sync_batchnorm(self):
+        """Whether BatchNormalization pools its statistics over all rows."""
+        return self.replicas_layer.sync_batchnorm
 
     def train_step(self, data):
         return self._split_once(super().train_step, data)

@@ -1,0 +1,401 @@
+"""`sync_batchnorm`: BatchNormalization over the whole batch, on both engines.
+
+By default every replica of `multi_gpu_model` normalises its own share of
+the batch, as Keras 2's `multi_gpu_model` did. With `sync_batchnorm=True`
+each BatchNormalization layer in training takes its mean and variance over
+the rows of every replica, so a step equals the template's on the whole
+batch, moving statistics included.
+
+The statistics are pooled the same way on both engines
+(`pooled_moments`): each replica sums its rows, the sums are added, and the
+variance is taken around the pooled mean, as `tf.nn.moments` takes it
+around the mean on one device. Shares of different sizes weigh by their
+rows.
+
+- The mirrored engine's replicas run in a replica context of its
+  strategy: the copy's BatchNormalization layers add their sums with one
+  all-reduce each (`synchronize`). A replica whose share is empty still
+  runs the forward pass (on one row of zeros that the statistics leave
+  out, `padded_when_empty`), so it joins every all-reduce; a `tf.cond`
+  around it would refuse them.
+- The replicate engine runs the template once per device, so no layer
+  sees another replica's rows. `GlobalBatchWalk` runs the template's graph
+  node by node instead, each node once per device on that device's share;
+  at a BatchNormalization node it pools the shares' statistics, normalises
+  each share with them and updates the moving statistics once. A model
+  whose BatchNormalization layers sit inside code (a subclassed model or
+  layer) cannot be walked (`walk_problem`); the mirrored engine takes it.
+"""
+
+import contextlib
+import contextvars
+
+import keras
+import tensorflow as tf
+
+from multigpu import internals
+from multigpu.arguments import check_flag
+from multigpu.forward import one_row_of_zeros, with_logits
+from multigpu.functional import call_arguments, callable_graph, execution_order
+from multigpu.messages import literal, literals, setting
+
+# How many leading rows of the batch being normalised are the replica's own
+# (the rest is `padded_when_empty`'s row of zeros); None: every row.
+_valid_rows = contextvars.ContextVar("multigpu_sync_batchnorm_rows",
+                                     default=None)
+
+
+def check_sync_batchnorm(value):
+    """Validates the `sync_batchnorm` argument of `multi_gpu_model`.
+
+    Args:
+        value: What the user passed.
+
+    Returns:
+        `True` or `False`.
+
+    Raises:
+        ValueError: if `value` is not a bool (NumPy bools and R's `TRUE` and
+            `FALSE` are).
+
+    Example:
+    >>> check_sync_batchnorm(np.bool_(True))
+    True
+    """
+    try:
+        return check_flag("sync_batchnorm", value)
+    except ValueError:
+        raise ValueError(
+            f"Invalid `sync_batchnorm`: received {literal(value)}; expected "
+            f"{literals([True, False])}. Pass {setting('sync_batchnorm', True)} "
+            "for BatchNormalization statistics over the whole batch (a step "
+            "equals the template's), or "
+            f"{setting('sync_batchnorm', False)} (the default) for statistics "
+            "over each replica's share."
+        ) from None
+
+
+def batch_norm_layers(model):
+    """The BatchNormalization layers of `model`, at any depth."""
+    return [layer for layer in [model, *internals.nested_layers(model)]
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+def _check_supported(layer):
+    """Refuses a BatchNormalization layer whose statistics cannot be pooled."""
+    if layer.renorm:
+        raise ValueError(
+            f"Invalid `model` for {setting('sync_batchnorm', True)}: "
+            f"BatchNormalization layer {literal(layer.name)} uses "
+            f"{setting('renorm', True)}, whose corrections are not pooled "
+            f"across replicas. Leave {setting('sync_batchnorm', False)} or "
+            "build the layer without renorm."
+        )
+
+
+def _masked(layer):
+    return ValueError(
+        f"Invalid input for {setting('sync_batchnorm', True)}: "
+        f"BatchNormalization layer {literal(layer.name)} received a mask, "
+        "whose rows are not pooled across replicas. Leave "
+        f"{setting('sync_batchnorm', False)} for this model."
+    )
+
+
+def pooled_moments(shares, axes, pool):
+    """Mean and variance over the rows of every share, as on one device.
+
+    Each share contributes its sum and row count (one tensor, so the pool
+    runs once), then its sum of squares around the pooled mean. The
+    variance is the mean square around a mean whose gradient is stopped,
+    as `tf.nn.moments` computes it.
+
+    Args:
+        shares: `[(device, x)]`: each replica's input to the layer, float,
+            with its device (None: the current one).
+        axes: The axes reduced (every axis but the features').
+        pool: Adds a list of per-share tensors of one shape: `tf.add_n`
+            in one graph, an all-reduce across a strategy's replicas.
+
+    Returns:
+        `(mean, variance)`, shaped as the features (the axes left out).
+
+    Example:
+    >>> x = tf.random.normal((10, 3))
+    >>> mean, variance = pooled_moments(
+    ...     [(None, x[:6]), (None, x[6:])], [0], tf.add_n)
+    """
+    sums = []
+    for device, x in shares:
+        with _device(device):
+            total = tf.reduce_sum(x, axes, keepdims=True)
+            count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), axes)),
+                            x.dtype)
+            sums.append(tf.concat([tf.reshape(total, [-1]), [count]], 0))
+    kept_shape = total.shape
+    pooled = pool(sums)
+    mean = tf.reshape(
+        tf.math.divide_no_nan(pooled[:-1], pooled[-1]), kept_shape)
+    centred = tf.stop_gradient(mean)
+    squares = []
+    for device, x in shares:
+        with _device(device):
+            squares.append(tf.reduce_sum(
+                tf.math.squared_difference(x, centred), axes, keepdims=True))
+    variance = tf.math.divide_no_nan(pool(squares), pooled[-1])
+    features = [d for i, d in enumerate(kept_shape) if i not in axes]
+    return tf.reshape(mean, features), tf.reshape(variance, features)
+
+
+def _device(device):
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
+# The mirrored engine: BatchNormalization layers pool through the strategy.
+
+
+def _replica_moments(layer, inputs, mask=None):
+    """A copy's BatchNormalization moments, pooled across the replicas."""
+    if mask is not None:
+        raise _masked(layer)
+    rows = _valid_rows.get()
+    own = inputs if rows is None else inputs[:rows]
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        pool = tf.add_n
+    else:
+        def pool(parts):
+            return context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                      tf.add_n(parts))
+    return pooled_moments([(None, own)],
+                          internals.batch_norm_reduction_axes(layer), pool)
+
+
+def synchronize(model):
+    """Makes the BatchNormalization layers of an engine's copy pool.
+
+    For the mirrored engine's copy only (never a user's model): each
+    layer's moments are replaced by `pooled_moments` over an all-reduce of
+    the replicas' sums. Keras's own `synchronized=True` weighs rows alike
+    but counts every row of the tensor it gets, and needs every replica to
+    have rows; here the row of zeros of an empty share is left out.
+
+    Args:
+        model: The copy, built under the strategy.
+
+    Raises:
+        ValueError: for a layer with `renorm=True`.
+    """
+    for layer in batch_norm_layers(model):
+        _check_supported(layer)
+        internals.replace_moments(
+            layer, lambda inputs, mask=None, layer=layer: _replica_moments(
+                layer, inputs, mask))
+
+
+def padded_when_empty(forward):
+    """Runs `forward` on at least one row, with no `tf.cond`.
+
+    A replica with an empty share runs `forward` on one row of zeros, so
+    it joins every all-reduce of the pass (one inside a `tf.cond` is
+    refused, and kernels fail on zero rows); the pooled moments leave that
+    row out, and the outputs are cut back to the share's rows. A share with
+    rows runs as it is.
+
+    Args:
+        forward: A function of flat input tensors to a list of tensors.
+
+    Returns:
+        A function of the same inputs.
+    """
+
+    def padded(*inputs):
+        rows = tf.shape(inputs[0])[0]
+        filled = tf.maximum(rows, 1)
+        padded_inputs = [tf.concat([x, one_row_of_zeros(x)], 0)[:filled]
+                         for x in inputs]
+        token = _valid_rows.set(rows)
+        try:
+            outputs = forward(*padded_inputs)
+        finally:
+            _valid_rows.reset(token)
+        return [y[:rows] for y in outputs]
+
+    return padded
+
+
+# The replicate engine: the template's graph, node by node across replicas.
+
+
+def _walkable(model):
+    """Whether `model` is a graph of layers (functional or Sequential)."""
+    return isinstance(model, keras.Model) and (
+        internals.is_functional(model)
+        or internals.functional_graph_of(model) is not None)
+
+
+def walk_problem(model):
+    """Why the replicate engine cannot pool `model`'s statistics, or None.
+
+    Its BatchNormalization layers must be nodes of the model's graph, or of
+    graphs nested in it (functional and Sequential models); one inside a
+    subclassed model or layer runs inside code the walk cannot enter.
+
+    Args:
+        model: A built Keras model.
+
+    Returns:
+        None, or one clause naming the model or layer that hides them.
+    """
+    reached = set()
+
+    def visit(graph_model):
+        for layer in graph_model.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                reached.add(id(layer))
+            elif _walkable(layer):
+                visit(layer)
+
+    if not _walkable(model):
+        hidden = batch_norm_layers(model)
+        return hidden and (
+            f"{literal(model.name)} is a subclassed model, whose call() is "
+            "code rather than a graph of layers")
+    visit(model)
+    for layer in model.layers:
+        if id(layer) in reached or _walkable(layer):
+            continue
+        if any(id(bn) not in reached for bn in batch_norm_layers(layer)):
+            return (f"its layer {literal(layer.name)} holds BatchNormalization "
+                    "layers inside code (a subclassed layer or model)")
+    return None
+
+
+class GlobalBatchWalk:
+    """The template run node by node across replicas, BN over all rows.
+
+    Each node of the template's graph runs once per device on that
+    device's share (under `tf.device`); functional and Sequential models
+    nested in it are walked the same way. A BatchNormalization node in
+    training pools the shares' statistics (`pooled_moments`, added on the
+    merge device), normalises each share with them on its device and
+    updates the moving statistics once, as the template's layer does on
+    the whole batch. Gradients flow through the walk as through the
+    template.
+
+    Args:
+        template: A functional or Sequential model (see `walk_problem`).
+        merge_device: Where the shares' sums are added.
+
+    Example:
+    >>> walk = GlobalBatchWalk(model, "/device:CPU:0")
+    >>> outputs = walk(devices, [[x[:5]], [x[5:]]], training=True)
+    """
+
+    def __init__(self, template, merge_device):
+        self.graph = callable_graph(template)
+        self.merge_device = merge_device
+        for layer in batch_norm_layers(template):
+            _check_supported(layer)
+
+    def __call__(self, devices, shares, training):
+        """Runs the template on every share.
+
+        Args:
+            devices: One device per share.
+            shares: Per replica, its flat inputs (the template's `inputs`
+                order).
+            training: The `training` argument of the layers.
+
+        Returns:
+            The merged flat outputs, logits re-attached (see
+            `forward.with_logits`).
+        """
+        outputs = self._run(self.graph, devices, shares, training)
+        with tf.device(self.merge_device):
+            return [_concat_with_logits(parts) for parts in zip(*outputs)]
+
+    def _run(self, graph, devices, shares, training):
+        values = [{id(x): v for x, v in zip(graph.inputs, flat)}
+                  for flat in shares]
+        for node in execution_order(graph):
+            layer = node.operation
+            if isinstance(layer, keras.layers.BatchNormalization) and (
+                    training and layer.trainable):
+                results = self._batch_norm(node, devices, values)
+            elif _walkable(layer) and batch_norm_layers(layer):
+                results = self._nested(node, devices, values, training)
+            else:
+                results = []
+                for device, known in zip(devices, values):
+                    with tf.device(device):
+                        args, kwargs = call_arguments(node, known, training)
+                        results.append(keras.tree.flatten(
+                            layer(*args, **kwargs)))
+            for known, result in zip(values, results):
+                known.update(zip((id(x) for x in node.outputs), result))
+        return [[known[id(x)] for x in graph.outputs] for known in values]
+
+    def _nested(self, node, devices, values, training):
+        """Walks a nested functional or Sequential model's graph."""
+        graph = callable_graph(node.operation)
+        shares = []
+        for known in values:
+            args, _ = node.arguments.fill_in(known)
+            shares.append(keras.tree.flatten(args[0]))
+        return self._run(graph, devices, shares, training)
+
+    def _batch_norm(self, node, devices, values):
+        layer = node.operation
+        inputs = []
+        for known in values:
+            args, kwargs = call_arguments(node, known, None)
+            x = args[0]
+            if kwargs.get("mask") is not None or (
+                    internals.keras_mask(x) is not None):
+                raise _masked(layer)
+            inputs.append(x)
+        return _normalised_together(layer, devices, inputs, self.merge_device)
+
+
+def _normalised_together(layer, devices, inputs, merge_device):
+    """`layer` in training on every share, with the pooled statistics.
+
+    What `keras.layers.BatchNormalization.call` does on one batch, with
+    the batch's moments pooled from the shares.
+    """
+    dtype = keras.backend.result_type(inputs[0].dtype, "float32")
+    inputs = [keras.ops.cast(x, dtype) for x in inputs]
+
+    def pool(parts):
+        with tf.device(merge_device):
+            return tf.add_n(parts)
+
+    mean, variance = pooled_moments(
+        list(zip(devices, inputs)),
+        internals.batch_norm_reduction_axes(layer), pool)
+    momentum = layer.momentum
+    moving_mean = keras.ops.cast(layer.moving_mean, dtype)
+    moving_variance = keras.ops.cast(layer.moving_variance, dtype)
+    layer.moving_mean.assign(moving_mean * momentum + mean * (1.0 - momentum))
+    layer.moving_variance.assign(
+        moving_variance * momentum + variance * (1.0 - momentum))
+    gamma = keras.ops.cast(layer.gamma, dtype) if layer.scale else None
+    beta = keras.ops.cast(layer.beta, dtype) if layer.center else None
+    outputs = []
+    for device, x in zip(devices, inputs):
+        with tf.device(device):
+            y = keras.ops.batch_normalization(
+                x, mean, variance, axis=layer.axis, offset=beta, scale=gamma,
+                epsilon=layer.epsilon)
+            outputs.append([keras.ops.cast(y, layer.compute_dtype)])
+    return outputs
+
+
+def _concat_with_logits(parts):
+    """The replicas' parts of an output, concatenated, logits kept."""
+    merged = tf.concat(parts, axis=0)
+    logits = [internals.logits_of(part) for part in parts]
+    if all(z is not None for z in logits):
+        return with_logits([merged, tf.concat(logits, axis=0)], [0])[0]
+    return merged
