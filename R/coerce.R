@@ -191,6 +191,19 @@ as_flag <- function(x, arg = deparse(substitute(x)), call = caller_call()) {
   x
 }
 
+#' A single TRUE or FALSE, checked in R: anything else is refused with a
+#' classed condition naming the argument, the value and (`meaning`) what
+#' each choice does.
+#' @noRd
+as_true_or_false <- function(x, arg = deparse(substitute(x)), meaning = NULL,
+                             call = caller_call()) {
+  if (is.logical(x) && length(x) == 1L && !is.na(x)) return(x)
+  multigpu_abort(sprintf(
+    "`%s` must be TRUE or FALSE, not %s.%s", arg, describe(x),
+    if (is.null(meaning)) "" else paste0(" ", meaning, ".")
+  ), call = call)
+}
+
 #' A single string (e.g. a choice), NULL allowed; a factor is its label.
 #' @noRd
 as_string <- function(x, arg = deparse(substitute(x)), null_ok = TRUE,

@@ -44,6 +44,17 @@
 #' warning that says why. The returned model's `$engine` and
 #' `$engine_reason` say which engine runs and why.
 #'
+#' @section Batch statistics:
+#' BatchNormalization is the one layer whose training step depends on the
+#' rows it sees together. By default every replica normalises its own share:
+#' with a batch of 8 on 4 devices each layer normalises over 2 rows, and the
+#' moving statistics follow those small shares. This is cheap and is what
+#' the original function did; it is fine when each device gets dozens of
+#' rows. `sync_batchnorm = TRUE` pools the statistics over the whole batch:
+#' choose it for small per-device batches, or when the result must match
+#' training on one device. The package's `docs/benchmarks.md` gives its
+#' measured cost.
+#'
 #' @section Model saving:
 #' `save_model_hdf5()`, `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' (and Keras checkpoint callbacks) act on the template model when given the
@@ -71,6 +82,15 @@
 #'   `"replicate"` (slice each batch between replicas of the template, as
 #'   described above); or `"mirrored"` (train a copy of the template under a
 #'   mirrored strategy, copying the weights back to the template).
+#' @param sync_batchnorm `FALSE` (default): each replica's
+#'   BatchNormalization layers compute their batch statistics over its own
+#'   share of the batch, as the original `multi_gpu_model()` did. `TRUE`:
+#'   over the whole batch, so one training step equals the template's step
+#'   on that batch, moving statistics included, at the cost of pooling the
+#'   statistics of every BatchNormalization layer in every step (see "Batch
+#'   statistics"). With `engine = "replicate"` the model must be functional
+#'   or sequential; `engine = "auto"` runs the mirrored engine for a
+#'   subclassed one, with a warning.
 #' @returns A Keras model (a Python `ParallelModel`, or `MirroredModel` for
 #'   the mirrored engine) used just like `model`:
 #'   [compile()][keras3::compile.keras.src.models.model.Model],
@@ -103,11 +123,18 @@
 #'   tfdatasets::dataset_batch(32)
 #' parallel_model |> evaluate(dataset, verbose = 0)
 multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
-                            cpu_relocation = FALSE, engine = "auto") {
+                            cpu_relocation = FALSE, engine = "auto",
+                            sync_batchnorm = FALSE) {
   call_core("multi_gpu_model", check_model(model),
             gpus = as_device_list(gpus),
             cpu_merge = as_flag(cpu_merge),
             cpu_relocation = as_flag(cpu_relocation),
             engine = as_string(engine),
+            sync_batchnorm = as_true_or_false(
+              sync_batchnorm,
+              meaning = paste(
+                "TRUE takes BatchNormalization statistics over the whole",
+                "batch (a step equals the template's); FALSE, the default,",
+                "over each replica's share")),
             .optional = "engine")
 }

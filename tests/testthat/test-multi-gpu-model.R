@@ -193,3 +193,55 @@ test_that("engine = \"auto\" warns once, in R's spelling, when cpu_merge = FALSE
   expect_identical(parallel$engine, "replicate")
   expect_identical(parallel$merge_device, "/device:CPU:0")
 })
+
+test_that("sync_batchnorm must be TRUE or FALSE, refused in R naming the value and the fix", {
+  skip_if_no_multigpu()
+  model <- tiny_model()
+  for (value in list(NA, "yes", 1, c(TRUE, FALSE), NULL, logical(0))) {
+    error <- tryCatch(multi_gpu_model(model, gpus = 4, sync_batchnorm = value),
+                      error = identity)
+    expect_s3_class(error, "multigpu_value_error")
+    expect_match(conditionMessage(error), "`sync_batchnorm` must be TRUE or FALSE, not ",
+                 fixed = TRUE)
+    expect_match(conditionMessage(error), "TRUE takes BatchNormalization statistics over the whole batch",
+                 fixed = TRUE)
+  }
+  expect_false(multi_gpu_model(model, gpus = 4)$sync_batchnorm)
+})
+
+test_that("sync_batchnorm = TRUE: a keras3 BatchNormalization model's step equals the template's, on both engines", {
+  skip_if_no_multigpu()
+  skip_if_not_installed_unloaded("keras3")
+  bn_model <- function() {
+    keras3::set_random_seed(5)
+    keras3::keras_model_sequential(input_shape = 4) |>
+      keras3::layer_dense(8) |>
+      keras3::layer_batch_normalization(momentum = 0.5) |>
+      keras3::layer_dense(1)
+  }
+  moving <- function(model) {
+    norm <- model$layers[[2]]
+    list(as.array(norm$moving_mean$value), as.array(norm$moving_variance$value))
+  }
+  set.seed(4)
+  x <- matrix(rnorm(13 * 4), 13, 4)
+  y <- x %*% (1:4)
+  for (engine in c("replicate", "mirrored")) {
+    template <- bn_model()
+    reference <- bn_model()
+    parallel <- multi_gpu_model(template, gpus = 4, engine = engine,
+                                sync_batchnorm = TRUE)
+    expect_true(parallel$sync_batchnorm)
+    for (model in list(parallel, reference)) {
+      model |> compile(optimizer = keras3::optimizer_sgd(0.1), loss = "mse")
+      # Batches of 10 and 3 rows on 4 devices: shares of unequal size, and
+      # on the mirrored engine a replica with none.
+      model |> fit(x, y, batch_size = 10, epochs = 1, shuffle = FALSE, verbose = 0)
+    }
+    differences <- mapply(function(u, v) max(abs(u - v)),
+                          keras3::get_weights(template), keras3::get_weights(reference))
+    expect_lt(max(differences), 1e-5)
+    expect_equal(moving(template), moving(reference), tolerance = 1e-5)
+    expect_gt(max(abs(moving(template)[[1]])), 0)
+  }
+})
