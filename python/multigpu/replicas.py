@@ -104,6 +104,12 @@ class DataParallelReplicas(TemplateLayer):
         `ParallelModel` plan every call and keep them.
         """
         flat_inputs = keras.tree.flatten(inputs)
+        if (flat_inputs[0].shape[0] or len(devices)) < len(devices):
+            # A batch known to be smaller than the devices, traced only for
+            # the branch `_split_once` never takes with it: shares of zero
+            # rows, traced statically, would trip Keras (see
+            # `forward_only_when_empty`).
+            return self._forward(inputs, devices[:1], True, training)
 
         def walk():
             with tf.device(self.merge_device):

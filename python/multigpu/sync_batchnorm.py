@@ -35,8 +35,13 @@ import tensorflow as tf
 
 from multigpu import internals
 from multigpu.arguments import check_flag
-from multigpu.forward import one_row_of_zeros, with_logits
-from multigpu.functional import call_arguments, callable_graph, execution_order
+from multigpu.forward import on_device, one_row_of_zeros, with_logits
+from multigpu.functional import (
+    call_arguments,
+    callable_graph,
+    execution_order,
+    symbolic_graph,
+)
 from multigpu.messages import literal, literals, setting
 
 # How many leading rows of the batch being normalised are the replica's own
@@ -318,32 +323,29 @@ class GlobalBatchWalk:
     def _run(self, graph, devices, shares, training):
         values = [{id(x): v for x, v in zip(graph.inputs, flat)}
                   for flat in shares]
-        for node in execution_order(graph):
-            layer = node.operation
-            if isinstance(layer, keras.layers.BatchNormalization) and (
-                    training and layer.trainable):
-                results = self._batch_norm(node, devices, values)
-            elif _walkable(layer) and batch_norm_layers(layer):
-                results = self._nested(node, devices, values, training)
+        segments = _segments(graph, training)
+        for (kind, nodes), later in zip(segments, _read_later(graph, segments)):
+            if kind == "batch_norm":
+                results = self._batch_norm(nodes[0], devices, values)
+            elif kind == "nested":
+                results = self._nested(nodes[0], devices, values, training)
             else:
-                results = []
-                for device, known in zip(devices, values):
-                    with tf.device(device):
-                        args, kwargs = call_arguments(node, known, training)
-                        results.append(keras.tree.flatten(
-                            layer(*args, **kwargs)))
+                results = _segment_on_devices(nodes, later, devices, values,
+                                              training)
             for known, result in zip(values, results):
-                known.update(zip((id(x) for x in node.outputs), result))
+                known.update(result)
         return [[known[id(x)] for x in graph.outputs] for known in values]
 
     def _nested(self, node, devices, values, training):
         """Walks a nested functional or Sequential model's graph."""
-        graph = callable_graph(node.operation)
+        graph = symbolic_graph(node.operation)
         shares = []
         for known in values:
             args, _ = node.arguments.fill_in(known)
             shares.append(keras.tree.flatten(args[0]))
-        return self._run(graph, devices, shares, training)
+        outputs = self._run(graph, devices, shares, training)
+        return [dict(zip((id(x) for x in node.outputs), flat))
+                for flat in outputs]
 
     def _batch_norm(self, node, devices, values):
         layer = node.operation
@@ -355,7 +357,104 @@ class GlobalBatchWalk:
                     internals.keras_mask(x) is not None):
                 raise _masked(layer)
             inputs.append(x)
-        return _normalised_together(layer, devices, inputs, self.merge_device)
+        outputs = _normalised_together(layer, devices, inputs,
+                                       self.merge_device)
+        return [{id(node.outputs[0]): y} for y in outputs]
+
+
+def _segments(graph, training):
+    """The graph's nodes in order, cut at the nodes that pool statistics.
+
+    Returns:
+        `[(kind, nodes)]`: `"batch_norm"` (a BatchNormalization layer in
+        training) and `"nested"` (a functional or Sequential model holding
+        one) with one node each; `"plain"` with the nodes between them,
+        which each replica runs as one function on its device.
+    """
+    segments = []
+    for node in execution_order(graph):
+        layer = node.operation
+        if isinstance(layer, keras.layers.BatchNormalization) and (
+                training and layer.trainable):
+            segments.append(("batch_norm", [node]))
+        elif _walkable(layer) and batch_norm_layers(layer):
+            segments.append(("nested", [node]))
+        elif segments and segments[-1][0] == "plain":
+            segments[-1][1].append(node)
+        else:
+            segments.append(("plain", [node]))
+    return segments
+
+
+def _read_later(graph, segments):
+    """Per segment, the ids of the tensors read after it (or output)."""
+    read = {id(x) for x in graph.outputs}
+    later = []
+    for _, nodes in reversed(segments):
+        later.append(set(read))
+        read.update(id(x) for node in nodes for x in node.input_tensors)
+    return later[::-1]
+
+
+def _segment_on_devices(nodes, later, devices, values, training):
+    """Runs consecutive plain nodes on each replica's share, on its device.
+
+    Each replica's part is one `forward.on_device` function, so its
+    backward pass runs on its device too (the tape would put it on one
+    device). Its inputs are the tensors the nodes read from before the
+    segment; its outputs those read after it (`later`), with the logits
+    Keras attached to them.
+
+    Returns:
+        Per replica, `{id(symbolic tensor): tensor}` of the outputs.
+
+    Raises:
+        ValueError: if a Keras mask would leave the segment (a custom
+            gradient's outputs carry none).
+    """
+    inside = {id(x) for node in nodes for x in node.outputs}
+    needed = list(dict.fromkeys(
+        id(x) for node in nodes for x in node.input_tensors
+        if id(x) not in inside))
+    exports = [id(x) for node in nodes for x in node.outputs
+               if id(x) in later]
+    results = []
+    for device, known in zip(devices, values):
+        logits_at = []
+        forward = _segment_function(nodes, needed, exports, training,
+                                    logits_at)
+        outputs = on_device(device, forward, [known[i] for i in needed])
+        results.append(dict(zip(exports, with_logits(outputs, logits_at))))
+    return results
+
+
+def _segment_function(nodes, needed, exports, training, logits_at):
+    """The nodes as a function of flat tensors: `needed` in, `exports` out.
+
+    `logits_at` receives, when the function is traced, the indices of the
+    exports whose logits follow them (as `forward.flat_forward`).
+    """
+
+    def forward(*inputs):
+        local = dict(zip(needed, inputs))
+        for node in nodes:
+            args, kwargs = call_arguments(node, local, training)
+            outputs = keras.tree.flatten(node.operation(*args, **kwargs))
+            local.update(zip((id(x) for x in node.outputs), outputs))
+        ys = [local[i] for i in exports]
+        if any(internals.keras_mask(y) is not None for y in ys):
+            raise ValueError(
+                f"Invalid `model` for {setting('sync_batchnorm', True)} with "
+                f"{setting('engine', 'replicate')}: a Keras mask (e.g. from "
+                f"{setting('mask_zero', True)}) reaches a BatchNormalization "
+                "layer or a later part of the model, and the walk across "
+                f"replicas does not carry masks. Use "
+                f"{setting('engine', 'mirrored')}.")
+        logits = [internals.logits_of(y) for y in ys]
+        logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
+        return ys + [logits[i] for i in logits_at]
+
+    return forward
 
 
 def _normalised_together(layer, devices, inputs, merge_device):
@@ -388,7 +487,7 @@ def _normalised_together(layer, devices, inputs, merge_device):
             y = keras.ops.batch_normalization(
                 x, mean, variance, axis=layer.axis, offset=beta, scale=gamma,
                 epsilon=layer.epsilon)
-            outputs.append([keras.ops.cast(y, layer.compute_dtype)])
+            outputs.append(keras.ops.cast(y, layer.compute_dtype))
     return outputs
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 import multigpu
 from models import max_weight_difference
 from multigpu import sync_batchnorm
+from multigpu.placement import ops_by_device
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
@@ -36,11 +37,20 @@ def _sequential():
 
 
 def _branches():
-    """Convolutions with BN on both axes, two branches, BN on a dense layer."""
+    """Convolutions with BN on both axes, two branches, BN on a dense layer.
+
+    With a squeeze-and-excitation block as MobileNetV3 has: an `Add` of
+    two (rows, 1, 1, channels) tensors, which Keras cannot trace on a
+    static batch of zero rows.
+    """
     inputs = keras.Input((6, 6, 2))
     x = keras.layers.Conv2D(3, 3, padding="same")(inputs)
     x = keras.layers.BatchNormalization(momentum=0.5)(x)
     x = keras.layers.MaxPooling2D()(x)
+    squeezed = keras.layers.GlobalAveragePooling2D(keepdims=True)(x)
+    excited = keras.layers.Add()(
+        [squeezed, keras.layers.Conv2D(3, 1)(squeezed)])
+    x = keras.layers.Multiply()([x, excited])
     y = keras.layers.Conv2D(3, 3, padding="same")(x)
     y = keras.layers.BatchNormalization(axis=1, momentum=0.5)(y)
     x = keras.layers.Add()([x, keras.layers.Activation("relu")(y)])
@@ -148,14 +158,36 @@ def test_a_step_equals_the_templates_moving_statistics_included(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_batch_smaller_than_the_devices(engine, rng):
-    # 3 rows on 4 devices: the mirrored engine's last replica has none.
-    template, reference = _pair(_sequential)
-    x, y = _dense_data(rng, 3)
+@pytest.mark.parametrize("name", ["sequential", "branches"])
+def test_a_batch_smaller_than_the_devices(name, engine, rng):
+    # 3 rows on 4 devices, a batch of known size: the mirrored engine's
+    # last replica has none; the replicate engine runs it on one device.
+    factory, make_data, loss = MODELS[name]
+    template, reference = _pair(factory)
+    x, y = make_data(rng, 3)
     parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine,
                                         sync_batchnorm=True)
-    _train([parallel, reference], x, y, "mse", batch_size=3)
+    _train([parallel, reference], x, y, loss, batch_size=3)
     _assert_trained_alike(template, reference)
+
+
+def test_each_replica_differentiates_on_its_device(rng):
+    template = keras.Sequential([
+        keras.Input((8,)), keras.layers.Dense(16),
+        keras.layers.BatchNormalization(), keras.layers.Dense(3)])
+    parallel = multigpu.multi_gpu_model(template, gpus=["/cpu:2", "/cpu:3"],
+                                        engine="replicate",
+                                        sync_batchnorm=True)
+    parallel.compile(optimizer="sgd", loss="mse")
+    x = rng.standard_normal((16, 8)).astype("float32")
+    y = rng.standard_normal((16, 3)).astype("float32")
+    _, ops = multigpu.executed_ops(
+        parallel.fit, x, y, batch_size=16, epochs=1, verbose=0)
+    matmuls = ops_by_device(ops, lambda op: "MatMul" in op)
+    # As without sync_batchnorm (test_replica_placement.py): 2 forward and
+    # 3 backward matmuls per replica, and on the first device the 7 of the
+    # path for batches smaller than the devices. None on the merge device.
+    assert matmuls == {"/device:CPU:2": 5 + 7, "/device:CPU:3": 5}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
