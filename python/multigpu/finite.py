@@ -6,17 +6,18 @@ the reported loss may even stay finite (metrics average over the epoch), and
 hours later the model predicts NaN.
 
 The engines' training step (`multigpu.training_step`) checks every
-floating-point tensor of its share of the batch first (`check`) and updates
-the weights only when every replica's share was finite. On a bad batch the
-labels and sample weights (and the inputs of a model that `reads_indices`)
-go in as zeros (`sanitized`: a NaN cast to an index would otherwise fail in
-a gather), what the forward pass wrote is put back (BatchNormalization's
-statistics, Dropout's seed), and the findings, NaN and inf counts per row
-(`located`), go into the model's `Record`. The train function then raises
-a `NonFiniteInputError` from them (`reporting`), naming the epoch and batch
-(kept by a `Position` callback), the input (`x`, `y` or `sample_weight`,
-and which named input or output), how many NaN and inf values it had and
-in which rows. Every collective of the step completes, bad batch or not.
+floating-point tensor of its share of the batch first (`check`), and every
+other op of the step waits for the verdict, an assertion
+(`Record.asserted`). On a bad batch the findings, NaN and inf counts per
+row (`located`), go into the model's `Record` before the assertion fails,
+and nothing else of the step runs: no forward pass, no write
+(BatchNormalization's statistics, Dropout's seed, the weights, the
+optimizer). The train function then raises a `NonFiniteInputError` from
+the record (`reporting`), naming the epoch and batch (kept by a `Position`
+callback), the input (`x`, `y` or `sample_weight`, and which named input
+or output), how many NaN and inf values it had and in which rows. Under a
+strategy the replicas wait for one verdict, so no collective starts on a
+bad batch.
 
 Turn the check off per model with `model.check_finite = False` (in R,
 `model$check_finite <- FALSE`). Its cost per step is measured by
@@ -33,9 +34,12 @@ from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
-# The key of the guarded step's logs that carries `Record.status()` to the
+# The key of the guarded step's logs that carries `Record.taken` to the
 # train function's caller (`reporting` takes it out).
-STATUS = "_multigpu_nonfinite_status"
+STATUS = "_multigpu_nonfinite_taken"
+# The guard's assertion's message, as TensorFlow logs it on a bad batch.
+ASSERTION = ("multigpu: non-finite training data; the NonFiniteInputError "
+             "raised next names the batch and the input")
 # Rows of a tensor the error names; the counts cover them all.
 _FIRST_ROWS = 5
 
@@ -124,19 +128,11 @@ def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
     return [(leaf, t) for leaf, t in leaves if is_checked(t)]
 
 
-def _per_row(tensor):
-    """`tensor`'s NaN and inf counts per row (one row for a scalar)."""
-    rows = tf.reshape(tensor, [tf.shape(tensor)[0], -1] if tensor.shape.rank
-                      else [1, 1])
-    return [tf.reduce_sum(tf.cast(test(rows), tf.int64), axis=1)
-            for test in (tf.math.is_nan, tf.math.is_inf)]
-
-
 def check(tensors):
     """Whether every tensor of a list is finite (traced).
 
-    One `is_finite` and one reduction per tensor; `located` counts and
-    places the bad values, only once a step has failed.
+    One `is_finite` and one reduction per tensor; the bad values are
+    counted and placed only once a step has failed (`kept`).
 
     Args:
         tensors: Floating-point tensors (see `checked_leaves`).
@@ -153,113 +149,73 @@ def check(tensors):
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
-def located(shares):
-    """The NaN and inf counts per row of each replica's checked tensors.
+def kept(tensors):
+    """A replica's checked tensors, packed into one float64 vector (traced).
 
-    Traced, only in the branch of a step that did not run: what the error
-    says (counts, rows) is worked out from these numbers afterwards.
+    Traced only in the branch of a step that does not run, so that the
+    error can count and place the bad values afterwards (`_counts`) at no
+    cost to a good step. float64 holds every floating-point value of the
+    narrower types exactly, NaN and inf included.
 
     Args:
-        shares: Per replica, the tensors `check` read.
+        tensors: The tensors `check` read.
 
     Returns:
-        A flat int64 tensor: the replica count, the row count of each
-        tensor of each replica, then per tensor its NaN counts per row and
-        its inf counts per row.
+        A flat float64 tensor: the row count and the size of each tensor,
+        then each tensor's values.
     """
-    per_row = [_per_row(t) for share in shares for t in share]
-    lengths = (tf.stack([tf.size(nan, tf.int64) for nan, _ in per_row])
-               if per_row else tf.zeros([0], tf.int64))
-    return tf.concat(
-        [tf.constant([len(shares)], tf.int64), lengths]
-        + [part for pair in per_row for part in pair], 0)
+    sizes = [tf.cast(tf.stack([tf.shape(t)[0] if t.shape.rank else 1,
+                               tf.size(t)]), tf.float64) for t in tensors]
+    values = [tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tensors]
+    return tf.concat(sizes + values, 0)
 
 
 def _counts(flat, tensors):
-    """`located`'s numbers as `[replicas][tensor] -> (nan, inf, bad rows)`."""
-    replicas = int(flat[0])
-    lengths = flat[1:1 + replicas * tensors]
-    at = 1 + replicas * tensors
-    out = []
-    for replica in range(replicas):
-        share = []
-        for i in range(tensors):
-            rows = int(lengths[replica * tensors + i])
-            nan, inf = flat[at:at + rows], flat[at + rows:at + 2 * rows]
-            at += 2 * rows
-            share.append((int(nan.sum()), int(inf.sum()),
-                          np.flatnonzero(nan + inf)))
-        out.append(share)
+    """`kept`'s numbers as `[tensor] -> (nan, inf, bad rows)`."""
+    shapes = flat[:2 * tensors].astype(np.int64).reshape(tensors, 2)
+    at, out = 2 * tensors, []
+    for rows, size in shapes:
+        values = flat[at:at + size].reshape(rows, -1)
+        at += size
+        nan = np.isnan(values).sum(axis=1)
+        inf = np.isinf(values).sum(axis=1)
+        out.append((int(nan.sum()), int(inf.sum()),
+                    np.flatnonzero(nan + inf)))
     return out
-
-
-def sanitized(tensor, finite):
-    """`tensor` where `finite`, else zeros in its place (traced).
-
-    A bad batch still runs its forward and backward pass (every replica
-    takes part in every collective). Labels, sample weights and the inputs
-    of a model that `reads_indices` go in as zeros then, so that a NaN a
-    gather or a sparse loss would read as an index does not fail the pass
-    with an error of its own. Nothing the pass computes is applied.
-    """
-    return tf.where(finite, tensor, tf.zeros([], tensor.dtype))
-
-
-# Layers that read their inputs as indices: a NaN cast to an integer is an
-# index out of range, which the layer's kernel reports as an error of its
-# own.
-INDEX_LAYERS = (
-    keras.layers.Embedding, keras.layers.IntegerLookup,
-    keras.layers.StringLookup, keras.layers.CategoryEncoding,
-    keras.layers.Hashing, keras.layers.TextVectorization,
-)
-
-
-def reads_indices(model):
-    """Whether `model` may turn a NaN of its inputs into an index.
-
-    True for a model with an integer input or a layer of `INDEX_LAYERS`:
-    its inputs are `sanitized` on a bad batch.
-
-    Args:
-        model: A Keras model.
-
-    Returns:
-        True or False.
-    """
-    if any(str(t.dtype).startswith(("int", "uint"))
-           for t in keras.tree.flatten(model.inputs or [])):
-        return True
-    return any(isinstance(layer, INDEX_LAYERS)
-               for layer in internals.nested_layers(model))
 
 
 class Record:
     """What a model's guarded steps found, as data in variables.
 
-    `taken` counts the steps; `failed_at` is the first step that did not
-    run, or -1; `found` holds that step's `located` numbers behind its
-    layout's index. The training step writes them, and returns `taken` and
-    `failed_at` in its logs (`STATUS`); `raise_if_found` reads `found` only
-    after a failure.
+    `found` has one copy per replica (synchronised on read): empty, or the
+    layout's index and the `kept` share of a failed step. With several
+    steps per call of the train function, `taken` counts the steps that
+    passed the check, and the step returns it in its logs (`STATUS`), so
+    that the error names the failed one. The training step writes them
+    (`noted` in each replica, then `asserted`); `raise_if_found` reads them
+    only after a call failed.
 
     Args:
         strategy: The model's distribution strategy (the variables are
-            created in its scope: mirrored, written in cross-replica
-            context).
+            created in its scope).
     """
 
     def __init__(self, strategy):
+        self.strategy = strategy
         with tf.init_scope(), strategy.scope():
             self.taken = tf.Variable(0, dtype=tf.int64, trainable=False,
                                      name="nonfinite_taken")
-            self.failed_at = tf.Variable(-1, dtype=tf.int64, trainable=False,
-                                         name="nonfinite_failed_at")
-            self.found = tf.Variable(tf.zeros([0], tf.int64),
-                                     shape=tf.TensorShape(None),
-                                     trainable=False, name="nonfinite_found")
+            self.found = tf.Variable(
+                tf.zeros([0], tf.float64), shape=tf.TensorShape(None),
+                trainable=False, name="nonfinite_found",
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.NONE)
         self.layouts = []
-        self._steps_before = 0
+        # Whether the traced step counts (`steps_per_execution` > 1), and
+        # `taken` when the train function's current call started: the
+        # previous call's `STATUS` (a tensor, read only after a failure).
+        self.counting = False
+        self.taken_before = 0
 
     def layout(self, leaves):
         """The index of a trace's list of `Leaf`s (recorded once per trace)."""
@@ -268,61 +224,83 @@ class Record:
             self.layouts.append(leaves)
         return self.layouts.index(leaves)
 
-    def failed(self):
-        """Whether a step of this call failed already (traced)."""
-        return self.failed_at >= 0
-
-    def count(self):
-        """Counts a step that ran (traced; the gate's update branch)."""
-        return tf.group(self.taken.assign_add(1))
-
-    def note(self, found, layout):
-        """Counts a step that did not run; writes the first one's findings.
-
-        Traced, in the gate's other branch: the batch was not finite, or a
-        step of this call failed before (then only counted).
+    def noted(self, ok, tensors, layout):
+        """`ok`, once a bad share is kept (traced, in a replica).
 
         Args:
-            found: `located`'s numbers.
+            ok: A boolean scalar tensor, `check(tensors)`.
+            tensors: The replica's checked tensors.
             layout: The index from `layout`.
 
         Returns:
-            The op.
+            `ok`, after this replica's copy of `found` holds the share when
+            `ok` is False.
         """
 
-        def first():
-            with tf.control_dependencies([
-                    self.found.assign(tf.concat([[layout], found], 0)),
-                    self.failed_at.assign(self.taken)]):
-                return self.count()
+        def note():
+            return tf.group(self.found.assign(tf.concat(
+                [tf.constant([layout], tf.float64), kept(tensors)], 0)))
 
-        return tf.cond(self.failed(), self.count, first)
+        def kept_if_bad():
+            with tf.control_dependencies([note()]):
+                return tf.identity(ok)
 
-    def status(self):
-        """`[taken, failed_at]`, read after the step (traced)."""
-        return tf.stack([self.taken.read_value(), self.failed_at.read_value()])
+        noted = tf.cond(ok, lambda: tf.identity(ok), kept_if_bad)
+        return internals.run_branch_as_function(noted)
 
-    def raise_if_found(self, status, position):
-        """Raises the failed step's `NonFiniteInputError`, if one failed.
+    def asserted(self, oks, counting):
+        """Asserts that every replica's share was finite (traced).
+
+        Without a strategy, or in cross-replica context.
 
         Args:
-            status: `status()` as the call's last step returned it.
+            oks: The replicas' `noted` verdicts.
+            counting: Whether to count the step (several steps per call).
+
+        Returns:
+            `(passed, taken)`: True once the assertion passed, and `taken`
+            counting this step (None when not `counting`).
+        """
+        self.counting = counting
+        every = oks[0] if len(oks) == 1 else tf.reduce_all(tf.stack(oks))
+        assertion = tf.debugging.Assert(every, [ASSERTION])
+        with tf.control_dependencies([assertion]):
+            passed = tf.identity(every)
+            if not counting:
+                return passed, None
+            counted = self.taken.assign_add(1, read_value=False)
+        with tf.control_dependencies([counted]):
+            return passed, tf.identity(self.taken.read_value())
+
+    def raise_if_found(self, position):
+        """Raises the failed step's `NonFiniteInputError`, if one failed.
+
+        Called when the train function raised an error: the guard's
+        assertion, or anything else (then this returns).
+
+        Args:
             position: The model's `Position` (the epoch and first batch of
                 the call).
 
         Raises:
             NonFiniteInputError: naming the failed step.
         """
-        taken, failed_at = (int(v) for v in status)
-        before, self._steps_before = self._steps_before, taken
-        if failed_at < 0:
+        copies = self.strategy.experimental_local_results(self.found)
+        shares = [copy.numpy() for copy in copies]
+        if not any(share.size for share in shares):
             return
-        flat = self.found.numpy()
-        self.found.assign(tf.zeros([0], tf.int64))
-        self.failed_at.assign(-1)
-        leaves = self.layouts[int(flat[0])]
-        counts = _counts(flat[1:], len(leaves))
-        raise Findings(leaves, counts).error(position.at(failed_at - before))
+        for copy in copies:
+            copy.assign(tf.zeros([0], tf.float64))
+        offset = 0
+        if self.counting:
+            # The failed step is not counted; the call's steps before it are.
+            taken = int(self.taken.numpy())
+            offset, self.taken_before = taken - int(self.taken_before), taken
+        leaves = self.layouts[int(next(s[0] for s in shares if s.size))]
+        clean = [(0, 0, np.zeros([0], np.int64))] * len(leaves)
+        counts = [_counts(share[1:], len(leaves)) if share.size else clean
+                  for share in shares]
+        raise Findings(leaves, counts).error(position.at(offset)) from None
 
 
 @dataclasses.dataclass
@@ -439,6 +417,10 @@ class Position(keras.callbacks.Callback):
 def reporting(train_function, record, position):
     """Wraps a train function: a bad batch raises `NonFiniteInputError`.
 
+    The guard's assertion fails the call on a bad batch; its
+    `InvalidArgumentError` becomes the `NonFiniteInputError` the record
+    describes. Other errors pass through.
+
     Args:
         train_function: The model's `train_function`.
         record: The model's `Record`, which its training step writes.
@@ -449,8 +431,13 @@ def reporting(train_function, record, position):
     """
 
     def train(*args, **kwargs):
-        logs = dict(train_function(*args, **kwargs))
-        record.raise_if_found(logs.pop(STATUS).numpy(), position)
+        try:
+            logs = dict(train_function(*args, **kwargs))
+        except tf.errors.InvalidArgumentError:
+            record.raise_if_found(position)
+            raise
+        if STATUS in logs:
+            record.taken_before = logs.pop(STATUS)
         return logs
 
     train.reports_nonfinite = True

@@ -7,6 +7,7 @@ one breaks this module only (ruff's SLF001 is off here and on everywhere
 else).
 """
 
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as ops_lib
 
@@ -226,3 +227,25 @@ def replace_moments(layer, moments):
     moving statistics with them.
     """
     layer._moments = moments
+
+
+def run_branch_as_function(cond_output):
+    """Keeps the `If` op of a `tf.cond` from being lowered to Switch/Merge.
+
+    A lowered conditional runs every node of the branch it does not take
+    (as dead tensors) and a Switch per captured input, on every step; an
+    `If` op left as it is runs one branch function. TensorFlow lowers an
+    `If` when its private `_lower_using_switch_merge` attribute is True,
+    which `tf.cond` sets in a `tf.function`.
+
+    Args:
+        cond_output: A tensor that `tf.cond` returned (inside a graph).
+
+    Returns:
+        `cond_output`.
+    """
+    op = cond_output.op
+    while op.type not in ("If", "StatelessIf"):
+        op = op.inputs[0].op
+    op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    return cond_output

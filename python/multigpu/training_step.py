@@ -1,26 +1,31 @@
-"""The engines' training step: Keras's, with the update gated on finite data.
+"""The engines' training step: Keras's, run only on finite data.
 
 `train_step(model, data, ...)` is what every engine's model runs as
 `train_step` (`multigpu.template.TemplateBacked`): the forward pass, the
 loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
-* With the NaN/inf guard on (`model.check_finite`), each replica checks its
-  share of the batch first (`multigpu.finite`), and the update runs inside
-  a `tf.cond`, only when every share is finite; on a bad batch the other
-  branch puts back what the forward pass wrote (the model's non-trainable
-  variables) and writes the findings to the model's `finite.Record`.
-* Under a `tf.distribute` strategy (the mirrored engine), that `tf.cond`
-  runs in cross-replica context, in one `merge_call`, and its branch calls
-  Keras's `apply` in every replica (all-reduce included), as Keras's
-  `LossScaleOptimizer` does: a `tf.cond` of a replica whose branch
-  synchronises the replicas is refused by `MirroredStrategy`. The same
-  branch runs the mirrored engine's gradient accumulation
-  (`multigpu.accumulation`). No assertion ends a step: every collective
-  runs to its end, bad batch or not.
+* With the NaN/inf guard on (`model.check_finite`), the batch is checked
+  first (`multigpu.finite`), and every op of the step waits for the
+  verdict: a `tf.debugging.Assert` that fails on a bad batch, after its
+  findings were written to the model's `finite.Record`. A bad batch thus
+  runs no op that reads it: no forward pass, no write (BatchNormalization's
+  statistics, Dropout's seed, the weights, the optimizer), no metric. The
+  train function then raises `finite.NonFiniteInputError` from the record
+  (`finite.reporting`).
+* Under a `tf.distribute` strategy (the mirrored engine) each replica checks
+  its share, and the verdict is taken once for all of them, in
+  cross-replica context (one `merge_call`): every replica waits for the one
+  assertion, so on a bad batch no replica starts a collective the others
+  would never join (a collective cut short leaves the process's collective
+  executor cancelled for every later step). The mirrored engine's gradient
+  accumulation (`multigpu.accumulation`) runs from another cross-replica
+  call, around Keras's `apply`, as Keras's `LossScaleOptimizer` does.
 
-Without a strategy (the replicate and model-parallel engines) the gate is
-one `tf.cond` around `optimizer.apply`.
+Example:
+>>> class Engine(keras.Model):
+...     def train_step(self, data):
+...         return train_step(self, data, record=self.record)
 """
 
 import warnings
@@ -32,93 +37,42 @@ from multigpu import finite, internals
 from multigpu import gradients as gradients_lib
 
 
-def _snapshot(variables):
-    """The values of `variables` now (reads; the writes that follow do not
-    change them)."""
-    return [tf.identity(v.value) for v in variables]
+def _verdict(checked, record, layout, counting):
+    """The guard's verdict on a replica's share (traced, replica context).
 
+    Each replica keeps its own bad share; the assertion is one for all, in
+    cross-replica context (a `merge_call`; without a strategy, here).
 
-def _put_back(variables, values):
-    return tf.group([v.assign(value) for v, value in zip(variables, values)])
+    Returns:
+        `record.asserted`'s `(passed, taken)`, the same in every replica.
+    """
+    ok = record.noted(finite.check(checked), checked, layout)
+
+    def across(strategy, ok):
+        return record.asserted(list(strategy.experimental_local_results(ok)),
+                               counting)
+
+    return tf.distribute.get_replica_context().merge_call(across, args=(ok,))
 
 
 def _apply(optimizer, grads, variables):
-    # Traced in a branch of the gate's `tf.cond` (a graph of its own): the
-    # custom gradients the update registers belong to its ops.
+    # Traced in a cross-replica call's `tf.cond` branch (a graph of its
+    # own): the custom gradients the update registers belong to its ops.
     with gradients_lib.gradients_owned_by_ops():
         optimizer.apply(grads, variables)
     return tf.no_op()
 
 
-def _gate_here(model, grads, variables, finite_now, checked, state, record,
-               layout):
-    """The gate without a strategy: update, or put the state back."""
-    ok = tf.logical_and(finite_now, tf.logical_not(record.failed()))
-    state_variables, saved = state
-
-    def update():
-        return tf.group(_apply(model.optimizer, grads, variables),
-                        record.count())
-
-    def skip():
-        return tf.group(_put_back(state_variables, saved),
-                        record.note(finite.located([checked]), layout))
-
-    gated = tf.cond(ok, update, skip)
-    with tf.control_dependencies([gated]):
-        return record.status()
-
-
-def _gate_across(model, grads, variables, finite_now, checked, state, record,
-                 layout, accumulation=None):
-    """The gate under a strategy, from a replica: one cross-replica branch.
-
-    Without a `record` (no NaN/inf check) only the update runs there, for
-    an `accumulation.Accumulation`.
-    """
+def _accumulated(model, grads, variables, accumulation):
+    """The mirrored engine's accumulated update, from a replica (traced)."""
     optimizer = model.optimizer
 
-    def across(strategy, grads, finite_now, checked, saved):
-        local = strategy.experimental_local_results
+    def across(strategy, grads):
+        return accumulation.update(
+            strategy, lambda g: _apply(optimizer, g, variables), grads)
 
-        def apply():
-            # Keras's `apply` in every replica, its all-reduce included, as
-            # Keras's LossScaleOptimizer runs it: from this cross-replica
-            # branch, not from a `tf.cond` of the replicas.
-            if accumulation is not None:
-                return accumulation.update(
-                    strategy, lambda g: _apply(optimizer, g, variables), grads)
-            strategy.extended.call_for_each_replica(
-                _apply, args=(optimizer, grads, variables))
-            return tf.no_op()
-
-        if record is None:
-            apply()
-            return None
-        every = tf.reduce_all(tf.stack(local(finite_now)))
-        ok = tf.logical_and(every, tf.logical_not(record.failed()))
-
-        def update():
-            return tf.group(apply(), record.count())
-
-        def skip():
-            put_back = [
-                strategy.extended.update(
-                    v.value, lambda var, value: var.assign(value),
-                    args=(value,), group=True)
-                for v, value in zip(state[0], saved)]
-            shares = zip(*[local(t) for t in checked]) if checked else [
-                () for _ in local(finite_now)]
-            found = finite.located([list(share) for share in shares])
-            return tf.group(put_back, record.note(found, layout))
-
-        gated = tf.cond(ok, update, skip)
-        with tf.control_dependencies([gated]):
-            return record.status()
-
-    saved = state[1] if state else []
     return tf.distribute.get_replica_context().merge_call(
-        across, args=(grads, finite_now, checked, saved))
+        across, args=(grads,))
 
 
 def train_step(model, data, record=None, input_names=(), output_names=(),
@@ -133,36 +87,38 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
             NaN/inf check.
         input_names: The model's input names (see `finite.checked_leaves`).
         output_names: The model's output names.
-        accumulation: Under a strategy, the model's
+        accumulation: Under a strategy (the mirrored engine), the model's
             `accumulation.Accumulation`, or None.
 
     Returns:
-        The logs, as `keras.Model.train_step` returns them.
+        The logs, as `keras.Model.train_step` returns them (with the
+        record's step count under `finite.STATUS` when `record` is given
+        and the model takes several steps per call).
 
     Example:
     >>> def train_step(self, data):
     ...     return training_step.train_step(self, data, self._record)
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    finite_now, checked, layout, state = tf.constant(True), [], 0, None
-    if record is not None:
-        leaves = finite.checked_leaves(x, y, sample_weight, input_names,
-                                       output_names)
-        checked = [t for _, t in leaves]
-        finite_now = finite.check(checked)
-        layout = record.layout(leaves)
+    if record is None:
+        return _step(model, x, y, sample_weight, accumulation)
+    leaves = finite.checked_leaves(x, y, sample_weight, input_names,
+                                   output_names)
+    checked = [t for _, t in leaves]
+    # With one step per call, a failed call names its first step: nothing
+    # to count.
+    counting = (getattr(model, "steps_per_execution", 1) or 1) > 1
+    passed, taken = _verdict(checked, record, record.layout(leaves),
+                             counting)
+    # Every op of the step, from the first read of the batch and of the
+    # variables on, waits for the verdict.
+    with tf.control_dependencies([passed]):
+        logs = _step(model, x, y, sample_weight, accumulation)
+    return logs if taken is None else {**logs, finite.STATUS: taken}
 
-        def clean(structure):
-            return keras.tree.map_structure(
-                lambda t: (finite.sanitized(t, finite_now)
-                           if finite.is_checked(t) else t), structure)
 
-        y, sample_weight = clean((y, sample_weight))
-        if finite.reads_indices(model):
-            x = clean(x)
-        state_variables = list(model.non_trainable_variables)
-        state = (state_variables, _snapshot(state_variables))
-
+def _step(model, x, y, sample_weight, accumulation):
+    """Keras's step: forward, loss, gradients, update, metrics (traced)."""
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
@@ -173,33 +129,18 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     variables = model.trainable_variables
     if not variables:
         warnings.warn("The model does not have any trainable weights.",
-                      stacklevel=2)
+                      stacklevel=3)
     grads = tape.gradient(scaled, variables) if variables else []
-    across = (tf.distribute.has_strategy()
-              and not tf.distribute.in_cross_replica_context())
-    if across and (record is not None or accumulation is not None):
-        status = _gate_across(model, grads, variables, finite_now, checked,
-                              state, record, layout, accumulation)
-    elif record is not None:
-        status = _gate_here(model, grads, variables, finite_now, checked,
-                            state, record, layout)
+    if accumulation is not None:
+        _accumulated(model, grads, variables, accumulation)
     else:
         model.optimizer.apply(grads, variables)
 
-    def tracked():
-        rows = tf.shape(next(t for t in keras.tree.flatten(x)
-                             if t is not None))[0]
-        # `compute_loss` divides by the replica count (the gradients are
-        # summed over replicas); the tracker reports the loss itself.
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        internals.loss_tracker(model).update_state(
-            loss * tf.cast(replicas, loss.dtype), sample_weight=rows)
-        return model.compute_metrics(x, y, y_pred,
-                                     sample_weight=sample_weight)
-
-    # On a bad batch the metrics take in its step too (they are reset
-    # before the next epoch, evaluation or `train_on_batch`).
-    logs = tracked()
-    if record is None:
-        return logs
-    return {**logs, finite.STATUS: status}
+    rows = tf.shape(next(t for t in keras.tree.flatten(x)
+                         if t is not None))[0]
+    # `compute_loss` divides by the replica count (the gradients are
+    # summed over replicas); the tracker reports the loss itself.
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    internals.loss_tracker(model).update_state(
+        loss * tf.cast(replicas, loss.dtype), sample_weight=rows)
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)

@@ -40,3 +40,21 @@ def test_the_loss_tracker_is_the_compiled_models_loss_metric():
     tracker = internals.loss_tracker(model)
     assert isinstance(tracker, keras.metrics.Mean)
     assert tracker.name == "loss"
+
+
+def test_a_conditional_can_run_as_one_branch_function():
+    import tensorflow as tf
+
+    from multigpu.placement.graphs import executed_node_defs
+
+    @tf.function
+    def picked(x):
+        ok = tf.reduce_all(x > 0)
+        out = tf.cond(ok, lambda: x + 1, lambda: x - 1)
+        return internals.run_branch_as_function(out)
+
+    _, nodes = executed_node_defs(picked, tf.constant([1.0, 2.0]))
+    ops = {node.op for _, node in nodes}
+    # Left as an `If` (stateless here): no Switch per input, no dead branch.
+    assert ops & {"If", "StatelessIf"} and "Switch" not in ops
+    assert picked(tf.constant([-1.0])).numpy().tolist() == [-2.0]
