@@ -3,8 +3,9 @@
     python -m bench.guard_cost --output docs/bench/guard-cost
 
 The engines' training step checks every floating-point tensor of its
-share of the batch for NaN and inf first, and updates the weights only when
-every share was finite (`multigpu.training_step`). For each
+share of the batch for NaN and inf first, and every other op of the step
+waits for one assertion that every share was finite
+(`multigpu.training_step`). For each
 workload of `bench/models.py`, engine and device count, one process (its
 logical CPU devices fixed at start) builds the same template twice with the
 same weights, one model with the guard (`check_finite=True`)

@@ -58,8 +58,8 @@ def test_a_bad_value_in_x_stops_fit_at_its_batch(rng, engine, bad):
 
 # Each zoo model on one engine, the engines in turn. MobileNet (65 s a
 # case) is left to the zoo's slow sweep. The CNN's BatchNormalization and
-# Dropout write state in the forward pass; the Embedding model's whole step
-# waits for the check (`multigpu.finite.reads_indices`).
+# Dropout write state in the forward pass; the Embedding model reads its
+# inputs as indices.
 ZOO_ENGINES = {
     name: ("replicate", "mirrored", "model_parallel")[i % 3]
     for i, name in enumerate(n for n in ZOO if n != "application")}
@@ -75,8 +75,8 @@ def test_a_bad_batch_changes_no_variable_of_any_zoo_model(rng, name, engine):
     """Weights, BatchNormalization's statistics, Dropout's seed, the
     optimizer's slots and iteration count: all as before the bad batch.
 
-    The check runs beside the step: each model must still have everything
-    that writes state wait for it (`multigpu.finite.checked_step`).
+    Every op of each model's step waits for the check's assertion
+    (`multigpu.training_step`), whatever its layers write.
     """
     template = ZOO[name]()
     model = _engine_model(template, engine)
