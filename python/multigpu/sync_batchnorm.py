@@ -262,10 +262,10 @@ def walk_problem(model):
                 visit(layer)
 
     if not _walkable(model):
-        hidden = batch_norm_layers(model)
-        return hidden and (
-            f"{literal(model.name)} is a subclassed model, whose call() is "
-            "code rather than a graph of layers")
+        if not batch_norm_layers(model):
+            return None
+        return (f"{literal(model.name)} is a subclassed model, whose call() "
+                "is code rather than a graph of layers")
     visit(model)
     for layer in model.layers:
         if id(layer) in reached or _walkable(layer):

@@ -58,3 +58,17 @@ def test_a_conditional_can_run_as_one_branch_function():
     # Left as an `If` (stateless here): no Switch per input, no dead branch.
     assert ops & {"If", "StatelessIf"} and "Switch" not in ops
     assert picked(tf.constant([-1.0])).numpy().tolist() == [-2.0]
+
+
+def test_batch_normalization_takes_its_moments_from_replace_moments():
+    layer = keras.layers.BatchNormalization(axis=1, momentum=0.0)
+    x = keras.ops.reshape(keras.ops.arange(24, dtype="float32"), (2, 3, 4))
+    layer.build(x.shape)
+    assert internals.batch_norm_reduction_axes(layer) == [0, 2]
+    internals.replace_moments(
+        layer, lambda inputs, mask=None: (keras.ops.ones(3),
+                                          keras.ops.ones(3) * 4.0))
+    layer(x, training=True)
+    # momentum 0: the moving statistics are the moments given.
+    assert keras.ops.convert_to_numpy(layer.moving_variance).tolist() == [
+        4.0, 4.0, 4.0]

@@ -86,6 +86,17 @@ class _SubclassedBN(keras.Model):
         return self.out(self.norm(self.hidden(x), training=training))
 
 
+class _SubclassedPlain(keras.Model):
+    """A subclassed model without BatchNormalization."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.out(x)
+
+
 def _subclassed():
     model = _SubclassedBN(name="subclassed_bn")
     model(np.zeros((1, 4), "float32"))
@@ -250,6 +261,20 @@ def test_auto_runs_the_mirrored_engine_for_batch_norm_inside_code(rng):
     x, y = _dense_data(rng, 13)
     _train([parallel, reference], x, y, "mse")
     _assert_trained_alike(template, reference)
+
+
+def test_models_without_batch_norm_take_it_on_either_engine(rng):
+    # Nothing to pool: a subclassed model without BatchNormalization stays
+    # on the replicate engine, and trains as its template.
+    template = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    parallel = multigpu.multi_gpu_model(template, gpus=4,
+                                        engine="replicate",
+                                        sync_batchnorm=True)
+    assert parallel.engine == "replicate"
+    model = _SubclassedPlain(name="no_bn")
+    model(np.zeros((1, 4), "float32"))
+    parallel = multigpu.multi_gpu_model(model, gpus=4, sync_batchnorm=True)
+    assert parallel.engine == "replicate"
 
 
 def test_renorm_is_refused_by_name():
