@@ -252,27 +252,27 @@ def walk_problem(model):
     Returns:
         None, or one clause naming the model or layer that hides them.
     """
-    reached = set()
-
-    def visit(graph_model):
-        for layer in graph_model.layers:
-            if isinstance(layer, keras.layers.BatchNormalization):
-                reached.add(id(layer))
-            elif _walkable(layer):
-                visit(layer)
-
     if not _walkable(model):
         if not batch_norm_layers(model):
             return None
         return (f"{literal(model.name)} is a subclassed model, whose call() "
                 "is code rather than a graph of layers")
-    visit(model)
-    for layer in model.layers:
-        if id(layer) in reached or _walkable(layer):
+    return _hidden_batch_norm(model)
+
+
+def _hidden_batch_norm(graph_model):
+    """`walk_problem` of a functional or Sequential model, at any depth."""
+    for layer in graph_model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
             continue
-        if any(id(bn) not in reached for bn in batch_norm_layers(layer)):
-            return (f"its layer {literal(layer.name)} holds BatchNormalization "
-                    "layers inside code (a subclassed layer or model)")
+        if _walkable(layer):
+            problem = _hidden_batch_norm(layer)
+            if problem:
+                return problem
+        elif batch_norm_layers(layer):
+            return (f"its layer {literal(layer.name)} holds "
+                    "BatchNormalization layers inside code (a subclassed "
+                    "layer or model)")
     return None
 
 

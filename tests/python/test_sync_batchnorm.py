@@ -249,6 +249,20 @@ def test_replicate_engine_refuses_batch_norm_inside_code():
     multigpu.multi_gpu_model(_subclassed(), gpus=4, engine="replicate")
 
 
+def test_batch_norm_inside_code_is_found_at_any_depth():
+    # A subclassed model holding BatchNormalization, inside a Sequential,
+    # inside a functional model: the walk could not pool it.
+    inner = keras.Sequential([keras.Input((4,)), _subclassed()], name="inner")
+    inputs = keras.Input((4,))
+    outer = keras.Model(inputs, keras.layers.Dense(1)(inner(inputs)))
+    problem = sync_batchnorm.walk_problem(outer)
+    assert problem and "'subclassed_bn'" in problem
+    with pytest.raises(ValueError, match="engine='mirrored'"):
+        multigpu.multi_gpu_model(outer, gpus=4, engine="replicate",
+                                 sync_batchnorm=True)
+    assert sync_batchnorm.walk_problem(_nested()) is None
+
+
 def test_auto_runs_the_mirrored_engine_for_batch_norm_inside_code(rng):
     template, reference = _pair(_subclassed)
     with warnings.catch_warnings(record=True) as caught:
