@@ -221,3 +221,25 @@ def test_the_blas_split_computes_the_whole_product_slice_by_slice():
     row = blas_split.measure((8, 4, 4), 2, rounds=2, calls=2, cores=2)
     assert row["whole_ms"] > 0 and row["split_ms"] > 0
     assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
+
+
+def test_the_sync_batchnorm_cost_pairs_the_two_settings():
+    # One configuration, a few rounds: both settings are built from the
+    # same weights and the row reports both and their ratio (never how
+    # fast they ran).
+    import keras
+
+    from bench import sync_batchnorm_cost
+    from conftest import DEVICES
+
+    model = sync_batchnorm_cost.build_model("bn_mlp")
+    assert any(isinstance(layer, keras.layers.BatchNormalization)
+               for layer in model.layers)
+    row = sync_batchnorm_cost.measure("bn_mlp", DEVICES[:2], "replicate",
+                                      rounds=2)
+    assert row["devices"] == 2 and row["rounds"] == 2
+    assert row["pooled_ms"] > 0 and row["per_replica_ms"] > 0
+    assert row["ratio"] > 0 and {"ratio_low", "ratio_high"} <= set(row)
+    table = sync_batchnorm_cost.markdown([row]).splitlines()
+    assert table[-1].startswith("| bn_mlp | replicate | 2 | ")
+    keras.utils.clear_session()
