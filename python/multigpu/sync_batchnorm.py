@@ -20,9 +20,10 @@ rows.
   around it would refuse them.
 - The replicate engine runs the template once per device, so no layer
   sees another replica's rows. `GlobalBatchWalk` runs the template's graph
-  node by node instead, each node once per device on that device's share;
-  at a BatchNormalization node it pools the shares' statistics, normalises
-  each share with them and updates the moving statistics once. A model
+  in segments cut at its BatchNormalization nodes instead, each segment
+  once per device on that device's share; at a BatchNormalization node it
+  pools the shares' statistics, normalises each share with them and
+  updates the moving statistics once. A model
   whose BatchNormalization layers sit inside code (a subclassed model or
   layer) cannot be walked (`walk_problem`); the mirrored engine takes it.
 """
@@ -277,11 +278,13 @@ def _hidden_batch_norm(graph_model):
 
 
 class GlobalBatchWalk:
-    """The template run node by node across replicas, BN over all rows.
+    """The template run segment by segment across replicas, BN over all rows.
 
-    Each node of the template's graph runs once per device on that
-    device's share (under `tf.device`); functional and Sequential models
-    nested in it are walked the same way. A BatchNormalization node in
+    The template's graph is cut at its BatchNormalization nodes; each
+    segment between them runs once per device on that device's share, as
+    one `forward.on_device` function (its backward pass on the device);
+    functional and Sequential models nested in it that hold
+    BatchNormalization are walked the same way. A BatchNormalization node in
     training pools the shares' statistics (`pooled_moments`, added on the
     merge device), normalises each share with them on its device and
     updates the moving statistics once, as the template's layer does on
