@@ -301,10 +301,10 @@ def test_renorm_is_refused_by_name():
                                      sync_batchnorm=True)
 
 
-def test_the_setting_is_in_the_config():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_setting_is_in_the_config(engine):
     parallel = multigpu.multi_gpu_model(_sequential(), gpus=4,
-                                        engine="replicate",
-                                        sync_batchnorm=True)
+                                        engine=engine, sync_batchnorm=True)
     config = parallel.get_config()
     assert config["sync_batchnorm"] is True
     again = type(parallel).from_config(config)
