@@ -171,7 +171,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             template's, moving statistics included; it costs one pooling of
             the statistics per layer and step (docs/training.md, "Batch
             statistics"). The replicate engine then runs a functional or
-            Sequential model's graph node by node across the replicas.
+            Sequential model's graph across the replicas in segments cut
+            at its BatchNormalization layers.
 
     Returns:
         A `ParallelModel` or a `MirroredModel` (a `keras.Model`), with
@@ -220,7 +221,13 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             parallel = MirroredModel(template, devices,
                                      sync_batchnorm=sync_batchnorm)
         except ValueError as error:
-            if engine != "auto" or problem is not None:
+            if problem is not None:
+                raise ValueError(
+                    f"{error} With {setting('sync_batchnorm', True)} the "
+                    f"replicate engine cannot take it either: {problem}. "
+                    f"Leave {setting('sync_batchnorm', False)} for this "
+                    "model.") from None
+            if engine != "auto":
                 raise
             choice = scaling.fall_back_to_replicate(
                 choice, "the mirrored engine cannot take the model ("
