@@ -236,6 +236,13 @@ class ParallelModel(TemplateBacked, keras.Model):
                     gradients_lib.gradients_owned_by_ops()):
                 return step(data)
 
+        known = keras.tree.flatten(data)[0].shape[0]
+        if known is not None:
+            # Every batch of this trace has `known` rows: trace only the
+            # branch it takes (the other, on shares of zero rows, could
+            # never run).
+            return (run(devices, guard=False) if known >= len(devices)
+                    else run(devices[:1], guard=True))
         return tf.cond(
             rows >= len(devices),
             lambda: run(devices, guard=False),

@@ -100,10 +100,11 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     ...     return training_step.train_step(self, data, self._record)
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    if record is None:
+    leaves = [] if record is None else finite.checked_leaves(
+        x, y, sample_weight, input_names, output_names)
+    if not leaves:
+        # Unguarded, or nothing to check (integer tokens and labels).
         return _step(model, x, y, sample_weight, accumulation)
-    leaves = finite.checked_leaves(x, y, sample_weight, input_names,
-                                   output_names)
     checked = [t for _, t in leaves]
     # With one step per call, a failed call names its first step: nothing
     # to count.
