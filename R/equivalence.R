@@ -32,6 +32,10 @@
 #'   largest multiple of the device count that leaves `steps` batches in
 #'   `x`. With `"strategy"`, a multiple of the number of devices.
 #' @param tolerance The relative tolerance, a number >= 0.
+#' @param sync_batchnorm `TRUE` builds the engine's model with
+#'   `multi_gpu_model(sync_batchnorm = TRUE)` (batch normalization
+#'   statistics over the whole batch); `FALSE` (the default) as
+#'   [multi_gpu_model()] does by default. Not with `engine = "strategy"`.
 #' @returns An object of class `multigpu_equivalence`, a list with `equal`
 #'   (`TRUE` when every quantity agrees), `differences` (a named numeric
 #'   vector, the largest absolute difference of `loss`, each metric,
@@ -59,7 +63,8 @@
 #' report   # prints the first quantity that differs, if any, and why
 check_equivalence <- function(model, x, y, gpus = NULL,
                               engine = c("replicate", "mirrored", "strategy"),
-                              steps = 3, batch_size = NULL, tolerance = 1e-4) {
+                              steps = 3, batch_size = NULL, tolerance = 1e-4,
+                              sync_batchnorm = FALSE) {
   check_model(model)
   if (missing(engine)) engine <- engine[[1L]]
   dtype <- input_dtype(model)
@@ -70,7 +75,8 @@ check_equivalence <- function(model, x, y, gpus = NULL,
                       engine = as_string(engine, null_ok = FALSE),
                       steps = as_count(steps, null_ok = FALSE),
                       batch_size = as_count(batch_size),
-                      tolerance = tolerance)
+                      tolerance = tolerance,
+                      sync_batchnorm = as_true_or_false(sync_batchnorm))
   differences <- report$differences
   structure(
     list(equal = report$equal,

@@ -27,6 +27,7 @@ from multigpu.arguments import check_int
 from multigpu.engines import multi_gpu_model
 from multigpu.functional import callable_graph
 from multigpu.messages import api, current_language, literal, literals, setting
+from multigpu.sync_batchnorm import check_sync_batchnorm
 
 ENGINES = ("replicate", "mirrored", "strategy")
 DEFAULT_TOLERANCE = 1e-4
@@ -254,7 +255,8 @@ def _train_reference(model, x, y, batch_size, device):
     return _Trained(logs, copy.get_weights(), _optimizer_state(copy.optimizer))
 
 
-def _train_engine(model, x, y, batch_size, devices, engine):
+def _train_engine(model, x, y, batch_size, devices, engine,
+                  sync_batchnorm=False):
     if engine == "strategy":
         strategy = strategy_lib.strategy_over(devices)
         with strategy.scope():
@@ -264,7 +266,8 @@ def _train_engine(model, x, y, batch_size, devices, engine):
         return _Trained(logs, copy.get_weights(),
                         _optimizer_state(copy.optimizer))
     template = _copy_of(model)
-    parallel = multi_gpu_model(template, gpus=list(devices), engine=engine)
+    parallel = multi_gpu_model(template, gpus=list(devices), engine=engine,
+                               sync_batchnorm=sync_batchnorm)
     parallel.compile(**_compile_arguments(model))
     logs = _train(parallel, x, y, batch_size)
     return _Trained(logs, template.get_weights(),
@@ -368,7 +371,8 @@ def _scalar_losses(model, loss, x):
     return [function] if len(keras.ops.shape(values)) == 0 else []
 
 
-def _likely_cause(model, x, engine, devices, batch_size, differing):
+def _likely_cause(model, x, engine, devices, batch_size, differing,
+                  sync_batchnorm=False):
     """Why the quantities `differing` differ, as far as the model tells."""
     replicas = len(devices)
     quantity = differing[0]
@@ -397,10 +401,11 @@ def _likely_cause(model, x, engine, devices, batch_size, differing):
             "the batch) and let Keras reduce them "
             f"({setting('reduction', 'sum_over_batch_size')}, the default).")
     layers = _layers(model)
-    batchnorm = [layer for layer in layers
-                 if isinstance(layer, keras.layers.BatchNormalization)
-                 and not (getattr(layer, "synchronized", False)
-                          and engine != "replicate")]
+    batchnorm = [] if sync_batchnorm else [
+        layer for layer in layers
+        if isinstance(layer, keras.layers.BatchNormalization)
+        and not (getattr(layer, "synchronized", False)
+                 and engine != "replicate")]
     if batchnorm:
         names = literals([layer.name for layer in batchnorm[:3]], "and")
         synchronized = _keras(
@@ -408,6 +413,9 @@ def _likely_cause(model, x, engine, devices, batch_size, differing):
             "layer_batch_normalization(synchronized = TRUE)")
         fix = (f"{synchronized} with {setting('engine', 'strategy')} "
                "computes the statistics over the whole batch")
+        if engine != "strategy":
+            fix = (f"{setting('sync_batchnorm', True)} computes the "
+                   "statistics over the whole batch")
         return (
             f"BatchNormalization ({names}): its output depends on the rows it "
             f"sees. Each device normalizes its own share (about "
@@ -434,7 +442,8 @@ def _likely_cause(model, x, engine, devices, batch_size, differing):
 
 
 def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
-                      batch_size=None, tolerance=DEFAULT_TOLERANCE):
+                      batch_size=None, tolerance=DEFAULT_TOLERANCE,
+                      sync_batchnorm=False):
     """Trains copies of a model on one device and through an engine; compares.
 
     Both copies start from `model`'s weights, get an optimizer of
@@ -464,6 +473,10 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
         tolerance: Relative tolerance, a number >= 0; a quantity agrees
             when its largest absolute difference is at most
             `tolerance * max(1, largest absolute reference value)`.
+        sync_batchnorm: Build the engine's model with
+            `multi_gpu_model(..., sync_batchnorm=True)`: BatchNormalization
+            statistics over the whole batch, so a BatchNormalization model
+            is checked against one device too. Not with `"strategy"`.
 
     Returns:
         An `EquivalenceReport`: `equal`, `differences` (quantity -> largest
@@ -473,8 +486,8 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
 
     Raises:
         ValueError: for an unknown engine, invalid `gpus`, `steps`,
-            `batch_size` or `tolerance`, too few rows, or a model that is
-            not compiled or cannot be copied.
+            `batch_size`, `tolerance` or `sync_batchnorm`, too few rows, or
+            a model that is not compiled or cannot be copied.
         TypeError: if `model` is not a Keras model, or `x` or `y` are not
             arrays.
 
@@ -491,6 +504,17 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
     engine = _check_engine(engine)
     steps = check_int("steps", steps, 1)
     tolerance = _check_tolerance(tolerance)
+    sync_batchnorm = check_sync_batchnorm(sync_batchnorm)
+    if sync_batchnorm and engine == "strategy":
+        synchronized = _keras(
+            "keras.layers.BatchNormalization(synchronized=True)",
+            "layer_batch_normalization(synchronized = TRUE)")
+        raise ValueError(
+            f"Invalid `sync_batchnorm`: {setting('sync_batchnorm', True)} is "
+            f"an option of {api('multi_gpu_model')}'s engines, not of "
+            f"{setting('engine', 'strategy')} (Keras's own `fit` under a "
+            f"strategy). Use {setting('engine', 'replicate')} or "
+            f"{literal('mirrored')}, or build the model with {synchronized}.")
     devices = devices_lib.resolve_devices(gpus)
     rows = _rows(x, "x")
     if _rows(y, "y") != rows:
@@ -504,7 +528,7 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
 
     x, y = first(x), first(y)
     reference = _train_reference(model, x, y, size, devices[0])
-    other = _train_engine(model, x, y, size, devices, engine)
+    other = _train_engine(model, x, y, size, devices, engine, sync_batchnorm)
     compared = _compare(reference, other, _batchnorm_positions(model))
     differences = {name: difference
                    for name, (difference, _) in compared.items()}
@@ -516,5 +540,5 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
     if differing:
         report.first_difference = differing[0]
         report.cause = _likely_cause(model, x, engine, devices, size,
-                                     differing)
+                                     differing, sync_batchnorm)
     return report

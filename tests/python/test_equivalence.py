@@ -82,7 +82,20 @@ def test_batchnorm_is_reported_as_different(engine, rng):
     assert "loss differs first" in text
     assert "Likely cause: BatchNormalization" in text
     assert ("keras.layers.BatchNormalization(synchronized=True) with "
-            "engine='strategy'") in text
+            "engine='strategy' computes" if engine == "strategy" else
+            "sync_batchnorm=True computes the statistics") in text
+
+
+@pytest.mark.parametrize("engine", ["replicate", "mirrored"])
+def test_batchnorm_is_equal_with_sync_batchnorm(engine, rng):
+    # The fix the report suggests on the engines.
+    x, y = _data(rng)
+    model = _classifier(batchnorm=True)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=4, engine=engine,
+                               sync_batchnorm=True)
+    assert report.equal, str(report)
+    assert report.differences["batchnorm_statistics"] < 1e-5
 
 
 def test_synchronized_batchnorm_is_equal_under_a_strategy(rng):
@@ -201,8 +214,7 @@ def test_the_report_speaks_r_in_r(rng):
                                    steps=1)
         text = str(report)
     assert 'engine = "mirrored"' in text
-    assert ('layer_batch_normalization(synchronized = TRUE) with '
-            'engine = "strategy"') in report.cause
+    assert "sync_batchnorm = TRUE computes the statistics" in report.cause
 
 
 def test_bad_arguments_are_refused_with_the_fix(rng):
@@ -224,6 +236,12 @@ def test_bad_arguments_are_refused_with_the_fix(rng):
                           batch_size=6, steps=2)
     with pytest.raises(ValueError, match="Invalid `tolerance`"):
         check_equivalence(model, x, y, gpus=2, tolerance=-1)
+    with pytest.raises(ValueError, match="Invalid `sync_batchnorm`"):
+        check_equivalence(model, x, y, gpus=2, sync_batchnorm="yes")
+    with pytest.raises(ValueError, match=(
+            "not of engine='strategy'.*synchronized=True")):
+        check_equivalence(model, x, y, gpus=2, engine="strategy",
+                          sync_batchnorm=True)
     with pytest.raises(ValueError, match="`y`: it has 11 rows"):
         check_equivalence(model, x, y[:11], gpus=2)
     with pytest.raises(TypeError, match="not a dataset"):

@@ -58,9 +58,14 @@ test_that("batch normalization on per-device shares is reported, with the fix in
   expect_identical(report$first_difference, "loss")
   expect_match(report$cause, "BatchNormalization (\"norm\")", fixed = TRUE)
   expect_output(print(report), "loss differs first")
-  expect_output(print(report),
-                'layer_batch_normalization(synchronized = TRUE) with engine = "strategy"',
+  expect_output(print(report), "sync_batchnorm = TRUE computes the statistics",
                 fixed = TRUE)
+  synced <- check_equivalence(model, data$x, data$classes, gpus = 4,
+                              sync_batchnorm = TRUE)
+  expect_true(synced$equal)
+  expect_error(check_equivalence(model, data$x, data$classes, gpus = 4,
+                                 sync_batchnorm = NA),
+               class = "multigpu_value_error")
 })
 
 test_that("under a strategy, a loss that averages the rows itself is reported", {
