@@ -9,10 +9,12 @@ loss and its tracker, the gradients, the update and the metrics, as
   first (`multigpu.finite`), and every op of the step waits for the
   verdict: a `tf.debugging.Assert` that fails on a bad batch, after its
   findings were written to the model's `finite.Record`. A bad batch thus
-  runs no op that reads it: no forward pass, no write (BatchNormalization's
-  statistics, Dropout's seed, the weights, the optimizer), no metric. The
-  train function then raises `finite.NonFiniteInputError` from the record
-  (`finite.reporting`).
+  runs nothing of the step past the check: no forward pass, no write
+  (BatchNormalization's statistics, Dropout's seed, the weights, the
+  optimizer), no metric. The train function then raises
+  `finite.NonFiniteInputError` from the record (`finite.reporting`). A
+  batch with no floating-point tensor (integer tokens and labels) has
+  nothing to check, and its step is Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
   its share, and the verdict is taken once for all of them, in
   cross-replica context (one `merge_call`): every replica waits for the one
