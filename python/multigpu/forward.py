@@ -179,3 +179,16 @@ def with_logits(flat_outputs, logits_at):
         except AttributeError:  # eager tensors take no attributes
             pass
     return values
+
+
+def concat_with_logits(parts):
+    """Parts of one output (replicas', micro-batches'), concatenated by rows.
+
+    The logits Keras attached to each part are concatenated too and
+    attached to the result, when every part has them.
+    """
+    merged = tf.concat(parts, axis=0)
+    logits = [internals.logits_of(part) for part in parts]
+    if all(z is not None for z in logits):
+        return with_logits([merged, tf.concat(logits, axis=0)], [0])[0]
+    return merged

@@ -12,6 +12,7 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu.forward import (
     HOST_DEVICE,
+    concat_with_logits,
     forward_only_when_empty,
     on_device,
     split_bounds,
@@ -222,14 +223,5 @@ class Stages(TemplateLayer):
                 with tf.name_scope(f"microbatch{m}"):
                     outputs.append(self._run(part, training))
             with tf.device(self.devices[-1]):
-                merged = [_concat_with_logits(parts) for parts in zip(*outputs)]
+                merged = [concat_with_logits(parts) for parts in zip(*outputs)]
         return keras.tree.pack_sequence_as(self._plan.graph.output, merged)
-
-
-def _concat_with_logits(parts):
-    """The micro-batches' parts of an output, concatenated, logits kept."""
-    merged = tf.concat(parts, axis=0)
-    logits = [internals.logits_of(part) for part in parts]
-    if all(z is not None for z in logits):
-        return with_logits([merged, tf.concat(logits, axis=0)], [0])[0]
-    return merged

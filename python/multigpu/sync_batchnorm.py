@@ -36,7 +36,12 @@ import tensorflow as tf
 
 from multigpu import internals
 from multigpu.arguments import check_flag
-from multigpu.forward import on_device, one_row_of_zeros, with_logits
+from multigpu.forward import (
+    concat_with_logits,
+    on_device,
+    one_row_of_zeros,
+    with_logits,
+)
 from multigpu.functional import (
     call_arguments,
     callable_graph,
@@ -321,7 +326,7 @@ class GlobalBatchWalk:
         """
         outputs = self._run(self.graph, devices, shares, training)
         with tf.device(self.merge_device):
-            return [_concat_with_logits(parts) for parts in zip(*outputs)]
+            return [concat_with_logits(parts) for parts in zip(*outputs)]
 
     def _run(self, graph, devices, shares, training):
         values = [{id(x): v for x, v in zip(graph.inputs, flat)}
@@ -492,12 +497,3 @@ def _normalised_together(layer, devices, inputs, merge_device):
                 epsilon=layer.epsilon)
             outputs.append(keras.ops.cast(y, layer.compute_dtype))
     return outputs
-
-
-def _concat_with_logits(parts):
-    """The replicas' parts of an output, concatenated, logits kept."""
-    merged = tf.concat(parts, axis=0)
-    logits = [internals.logits_of(part) for part in parts]
-    if all(z is not None for z in logits):
-        return with_logits([merged, tf.concat(logits, axis=0)], [0])[0]
-    return merged
