@@ -7,16 +7,19 @@ share of the batch for NaN and inf first, and every other op of the step
 waits for one assertion that every share was finite
 (`multigpu.training_step`). For each
 workload of `bench/models.py`, engine and device count, one process (its
-logical CPU devices fixed at start) builds the same template twice with the
-same weights, one model with the guard (`check_finite=True`)
-and one without (`check_finite=False`), and times their steps side by side:
+logical CPU devices fixed at start) builds the same template four times
+with the same weights, two models with the guard (`check_finite=True`)
+and two without (`check_finite=False`), and times their steps side by side:
 
 * **paired steps**: one training step of each model in turn (`train_function`
-  on a repeated batch, as `bench.fixed_cost` does), the order alternating
+  on a repeated batch, as `bench.fixed_cost` does), the order shuffled
   every round, `--rounds` rounds after a warm-up; per round the ratio of the
-  guarded step to the unguarded one. Both see the same load, so the median
-  ratio and its 95% bootstrap interval survive a busy machine better than
-  two separate runs would;
+  guarded steps' mean to the unguarded steps' mean. All see the same load,
+  so the median ratio and its 95% bootstrap interval survive a busy machine
+  better than separate runs would;
+* **the null**: the same ratio between the two unguarded models. Two models
+  that are the same can differ by a percent or two in one process; this
+  column says how far from 1.0 the run puts "no difference";
 * **the guard alone**: `multigpu.finite.check` of the same batch and identities of what it
   passes on, in a
   `tf.function` of its own, paired with the same function without it
@@ -40,6 +43,8 @@ from bench import models, report
 
 DEVICE_COUNTS = (2, 4)
 ENGINES = ("replicate", "mirrored")
+# Guarded and unguarded models per configuration (see `measure`).
+TWINS = 2
 
 
 def _step(model, x, y):
@@ -149,14 +154,22 @@ def _model(workload, devices, engine, check_finite, weights):
     return model
 
 
-def measure(workload, devices, engine, rounds):
+def measure(workload, devices, engine, rounds, twins=TWINS):
     """One workload, engine and device set: the guard's cost per step.
+
+    `twins` guarded and `twins` unguarded models of the same weights take
+    their steps in turn. Two models that are the same can differ by a
+    percent or two in one process (graph and memory layout), so each round
+    compares the mean of the guarded steps with the mean of the unguarded
+    ones, and two unguarded twins are compared the same way: that ratio is
+    the run's null, what "no cost" measures.
 
     Args:
         workload: A key of `bench.models.WORKLOADS`.
         devices: The devices (e.g. `multigpu.virtual_devices(n)`).
         engine: An engine of `multi_gpu_model`.
-        rounds: Paired steps.
+        rounds: Rounds of steps (one step of every model each).
+        twins: Models of each kind (at least 2).
 
     Returns:
         A dict of the results (milliseconds, ratios, percent).
@@ -168,20 +181,32 @@ def measure(workload, devices, engine, rounds):
     batch = models.WORKLOADS[workload].batch_size
     x, y = x_all[:batch], y_all[:batch]
     weights = models.build_model(workload).get_weights()
-    on = _model(workload, devices, engine, True, weights)
-    off = _model(workload, devices, engine, False, weights)
-    seconds = paired({"on": on, "off": off}, x, y, rounds)
-    ratios = [a / b for a, b in zip(seconds["on"], seconds["off"])]
+    built = {f"{kind}{i}": _model(workload, devices, engine, kind == "on",
+                                  weights)
+             for i in range(twins) for kind in ("on", "off")}
+    seconds = paired(built, x, y, rounds)
+
+    def mean_of(kind, k):
+        return statistics.fmean(seconds[f"{kind}{i}"][k] for i in range(twins))
+
+    ratios = [mean_of("on", k) / mean_of("off", k) for k in range(rounds)]
+    nulls = [seconds["off0"][k] / seconds["off1"][k] for k in range(rounds)]
     low, high = report.median_interval(ratios)
+    null_low, null_high = report.median_interval(nulls)
     alone_seconds = _guard_alone(x, y, rounds)
-    off_ms = 1e3 * statistics.median(seconds["off"])
+    off_ms = 1e3 * statistics.median(
+        mean_of("off", k) for k in range(rounds))
     alone_ms = 1e3 * statistics.median(alone_seconds)
     return {
         "workload": workload, "devices": len(devices), "engine": engine,
-        "rounds": rounds, "batch_size": batch,
-        "on_ms": 1e3 * statistics.median(seconds["on"]), "off_ms": off_ms,
+        "rounds": rounds, "batch_size": batch, "twins": twins,
+        "on_ms": 1e3 * statistics.median(
+            mean_of("on", k) for k in range(rounds)),
+        "off_ms": off_ms,
         "ratio": statistics.median(ratios), "ratio_low": low,
-        "ratio_high": high, "guard_alone_ms": alone_ms,
+        "ratio_high": high,
+        "null_ratio": statistics.median(nulls), "null_low": null_low,
+        "null_high": null_high, "guard_alone_ms": alone_ms,
         "guard_alone_percent": 100 * alone_ms / off_ms,
     }
 
@@ -208,15 +233,17 @@ def markdown(rows):
     lines = [
         "| workload | engine | devices | step without guard (ms) "
         "| with guard (ms) | guarded / unguarded: median [95% interval] "
+        "| unguarded twin / unguarded (the null) "
         "| guard alone (ms) | guard alone, % of a step |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
+        "|---|---|---:|---:|---:|---|---|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['engine']} | {r['devices']} | "
             f"{r['off_ms']:.2f} | {r['on_ms']:.2f} | {r['ratio']:.3f} "
             f"[{r['ratio_low']:.3f}, {r['ratio_high']:.3f}] | "
-            f"{r['guard_alone_ms']:.3f} | {r['guard_alone_percent']:.2f}% |")
+            f"{r['null_ratio']:.3f} [{r['null_low']:.3f}, "
+            f"{r['null_high']:.3f}] | {r['guard_alone_ms']:.3f} | {r['guard_alone_percent']:.2f}% |")
     return "\n".join(lines) + "\n"
 
 

@@ -241,4 +241,7 @@ def test_the_guard_cost_benchmark_pairs_guarded_and_unguarded_steps():
     row = guard_cost.measure("demo", DEVICES[:2], "replicate", rounds=3)
     assert row["on_ms"] > 0 and row["off_ms"] > 0
     assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    # Two unguarded twins give the run's null ratio, beside the guard's.
+    assert row["twins"] == 2
+    assert row["null_low"] <= row["null_ratio"] <= row["null_high"]
     assert "| demo | replicate | 2 |" in guard_cost.markdown([row])
