@@ -1,6 +1,7 @@
 """Test set-up: 4 logical CPU devices, configured once before TensorFlow starts."""
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,3 +24,27 @@ def _seeded():
 @pytest.fixture
 def rng():
     return np.random.default_rng(7)
+
+
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Ends a process that embedded R (`embedded_r.py`) at once.
+
+    Python's finalization then runs R's, reticulate's and TensorFlow's
+    exit handlers in an order none of them expects, and the process can
+    die of a segmentation fault after every test passed. The report is
+    written by now; the exit status is the session's.
+    """
+    embedded = sys.modules.get("embedded_r")
+    if embedded is None or not embedded.EmbeddedR.started:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(config.stash.get(_EXIT_STATUS, 1))

@@ -33,8 +33,13 @@ class EmbeddedR:
     with the GIL held.
     """
 
+    # Whether R was embedded in this process (conftest.py then ends the
+    # process without Python's finalization).
+    started = False
+
     def __init__(self, api="plain"):
         self.api = api
+        EmbeddedR.started = True
         os.environ.setdefault("RETICULATE_PYTHON", sys.executable)
         import rpy2.rinterface
         import rpy2.robjects as robjects
