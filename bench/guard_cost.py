@@ -185,24 +185,21 @@ def measure(workload, devices, engine, rounds, twins=TWINS):
                                   weights)
              for i in range(twins) for kind in ("on", "off")}
     seconds = paired(built, x, y, rounds)
-
-    def mean_of(kind, k):
-        return statistics.fmean(seconds[f"{kind}{i}"][k] for i in range(twins))
-
-    ratios = [mean_of("on", k) / mean_of("off", k) for k in range(rounds)]
-    nulls = [seconds["off0"][k] / seconds["off1"][k] for k in range(rounds)]
+    # Per round, the mean step of each kind.
+    on, off = ([statistics.fmean(step) for step in zip(
+        *(seconds[f"{kind}{i}"] for i in range(twins)))]
+        for kind in ("on", "off"))
+    ratios = [a / b for a, b in zip(on, off)]
+    nulls = [a / b for a, b in zip(seconds["off0"], seconds["off1"])]
     low, high = report.median_interval(ratios)
     null_low, null_high = report.median_interval(nulls)
     alone_seconds = _guard_alone(x, y, rounds)
-    off_ms = 1e3 * statistics.median(
-        mean_of("off", k) for k in range(rounds))
+    off_ms = 1e3 * statistics.median(off)
     alone_ms = 1e3 * statistics.median(alone_seconds)
     return {
         "workload": workload, "devices": len(devices), "engine": engine,
         "rounds": rounds, "batch_size": batch, "twins": twins,
-        "on_ms": 1e3 * statistics.median(
-            mean_of("on", k) for k in range(rounds)),
-        "off_ms": off_ms,
+        "on_ms": 1e3 * statistics.median(on), "off_ms": off_ms,
         "ratio": statistics.median(ratios), "ratio_low": low,
         "ratio_high": high,
         "null_ratio": statistics.median(nulls), "null_low": null_low,

@@ -20,12 +20,11 @@ import pytest  # noqa: E402
 def _seeded():
     keras.utils.set_random_seed(1234)
     yield
-    # A test that fails or raises mid-epoch can leave a tf.data iterator with
-    # live prefetch threads in a reference cycle. Collected later by a
-    # garbage collection that happens to run while a function is traced,
-    # its destructor waited for those threads forever (a worker hung in a
-    # random order; the stack is in docs/ci.md). Collecting here frees such
-    # iterators between tests, outside any trace.
+    # A mirrored-engine fit that raises mid-epoch leaves its tf.data iterator
+    # with live prefetch threads in a reference cycle, and freeing it waits
+    # minutes for those threads (docs/ci.md). Collected here, the wait falls
+    # in the teardown of the test that left it, which --durations names,
+    # not in whichever later test a collection happens to run.
     gc.collect()
 
 
