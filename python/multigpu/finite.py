@@ -148,6 +148,31 @@ def check(tensors):
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
 
 
+def check_and_clean(tensors):
+    """`check(tensors)`, and the tensors with NaN and inf set to zero (traced).
+
+    The guarded step's forward pass runs before the verdict
+    (`multigpu.training_step`) on the cleaned tensors: a NaN read as an
+    index (an Embedding fed floats, sparse labels) would otherwise fail a
+    kernel with TensorFlow's error before the check's. A finite tensor is
+    returned value for value. One `is_finite` per tensor serves both.
+
+    Args:
+        tensors: Floating-point tensors (see `checked_leaves`).
+
+    Returns:
+        `(ok, cleaned)`: a boolean scalar tensor and a list of tensors.
+    """
+    if not tensors:
+        return tf.constant(True), []
+    finite = [tf.math.is_finite(t) for t in tensors]
+    flags = [tf.reduce_all(f) for f in finite]
+    ok = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
+    cleaned = [tf.where(f, t, tf.zeros([], t.dtype))
+               for f, t in zip(finite, tensors)]
+    return ok, cleaned
+
+
 def kept(tensors):
     """A replica's checked tensors, packed into one float64 vector (traced).
 

@@ -10,7 +10,7 @@ becomes such a function without losing the logits Keras's losses read
 import keras
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import internals, stateless
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -51,7 +51,14 @@ def _differentiable_on(device, forward, flat_inputs):
     tape's all-zeros filler (no loss uses them, or the loss uses their
     logits instead) are left out of the backward pass rather than
     differentiated as zeros.
+
+    In the guarded training step (a `stateless.StepScope`), the forward
+    pass reads the trainable variables' values from the scope: those it
+    read are inputs of the function too (`_differentiable_on_values`).
     """
+    scope = stateless.current()
+    if scope is not None:
+        return _differentiable_on_values(scope, device, forward, flat_inputs)
 
     @tf.custom_gradient
     def replica(*xs):
@@ -78,6 +85,38 @@ def _differentiable_on(device, forward, flat_inputs):
         return ys, grad
 
     return replica(*flat_inputs)
+
+
+def _differentiable_on_values(scope, device, forward, flat_inputs):
+    """`_differentiable_on` in a `StepScope`: values instead of variables.
+
+    The forward pass is traced first, noting which variables' values it
+    reads; the values of the trainable ones are then inputs of the
+    function with the custom gradient, beside `flat_inputs`, so that the
+    step's tape, watching them, reaches them (a value read from the scope
+    is a tensor, which `tf.custom_gradient`'s `variables` would not see).
+    """
+    with scope.reading() as read, tf.device(device):
+        ys = forward(*flat_inputs)
+    values = [scope.value_of(v) for v in scope.trainable if id(v) in read]
+    @tf.custom_gradient
+    def replica(*xs):
+        def grad(*dys, variables=None):
+            variables = list(variables or [])
+            sources = list(xs) + variables
+            used = [(y, dy) for y, dy in zip(ys, dys)
+                    if dy is not None and not _is_zeros(dy)]
+            if not used:
+                return [None] * len(xs), [None] * len(variables)
+            # As in `_differentiable_on`, each input a separate source.
+            grads = tf.gradients([y for y, _ in used], sources,
+                                 grad_ys=[dy for _, dy in used],
+                                 stop_gradients=list(xs))
+            return grads[: len(xs)], grads[len(xs):]
+
+        return list(ys), grad
+
+    return replica(*flat_inputs, *values)
 
 
 def on_device(device, forward, flat_inputs):
@@ -120,6 +159,12 @@ def forward_only_when_empty(forward, inference_fn):
             # would also trip Keras 3.15's `ops.add`, which takes a
             # (0, n) tensor for a bias and emits an invalid BiasAdd.
             return on_no_rows(rows, *inputs)
+        scope = stateless.current()
+        if scope is not None:
+            # The guarded step: what the branches write leaves the cond as
+            # outputs (see `stateless.StepScope.cond`).
+            return scope.cond(rows > 0, lambda: forward(*inputs),
+                              lambda: on_no_rows(rows, *inputs))
         return tf.cond(
             rows > 0,
             lambda: forward(*inputs),

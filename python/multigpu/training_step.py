@@ -35,26 +35,48 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import finite, internals
+from multigpu import finite, internals, stateless
 from multigpu import gradients as gradients_lib
 
 
-def _verdict(checked, record, layout, counting):
+def _verdict(checked, record, layout, counting, ok=None, after=False):
     """The guard's verdict on a replica's share (traced, replica context).
 
     Each replica keeps its own bad share; the assertion is one for all, in
     cross-replica context (a `merge_call`; without a strategy, here).
 
+    Args:
+        checked: The replica's checked tensors.
+        record: The model's `finite.Record`.
+        layout: The index of the checked tensors' layout in the record.
+        counting: Whether to count the step (several steps per call).
+        ok: `finite.check(checked)`, if already taken.
+        after: Whether the assertion waits for every collective op traced
+            so far in the step (the stateless step's forward pass and
+            loss): a failed assertion cancels the step, and a collective
+            cut short leaves the process's collective executor cancelled.
+
     Returns:
         `record.asserted`'s `(passed, taken)`, the same in every replica.
     """
-    ok = record.noted(finite.check(checked), checked, layout)
+    if ok is None:
+        ok = finite.check(checked)
+    ok = record.noted(ok, checked, layout)
 
     def across(strategy, ok):
-        return record.asserted(list(strategy.experimental_local_results(ok)),
-                               counting)
+        waits = _collectives() if after else []
+        with tf.control_dependencies(waits):
+            return record.asserted(
+                list(strategy.experimental_local_results(ok)), counting)
 
     return tf.distribute.get_replica_context().merge_call(across, args=(ok,))
+
+
+def _collectives():
+    """The collective ops of the graph being traced (its top level)."""
+    graph = tf.compat.v1.get_default_graph()
+    return [op for op in graph.get_operations()
+            if op.type.startswith(("Collective", "Nccl"))]
 
 
 def _apply(optimizer, grads, variables):
@@ -111,13 +133,82 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     # With one step per call, a failed call names its first step: nothing
     # to count.
     counting = (getattr(model, "steps_per_execution", 1) or 1) > 1
-    passed, taken = _verdict(checked, record, record.layout(leaves),
-                             counting)
+    layout = record.layout(leaves)
+    if STATELESS and not getattr(model, "sync_batchnorm", False):
+        logs, taken = _stateless_step(model, x, y, sample_weight,
+                                      accumulation, checked, record, layout,
+                                      counting)
+        return logs if taken is None else {**logs, finite.STATUS: taken}
+    passed, taken = _verdict(checked, record, layout, counting)
     # Every op of the step, from the first read of the batch and of the
     # variables on, waits for the verdict.
     with tf.control_dependencies([passed]):
         logs = _step(model, x, y, sample_weight, accumulation)
     return logs if taken is None else {**logs, finite.STATUS: taken}
+
+
+# Whether the guarded step runs its forward pass before the verdict
+# (`_stateless_step`); False: every op waits for it (`_step`).
+STATELESS = True
+
+
+def _stateless_step(model, x, y, sample_weight, accumulation, checked,
+                    record, layout, counting):
+    """The guarded step with only its writes waiting for the verdict.
+
+    The forward pass, the loss and the gradients run on the variables'
+    values read at the start of the step (`stateless.StepScope`) and on
+    the batch with NaN and inf set to zero (`finite.check_and_clean`),
+    beside the check; what the pass writes (moving statistics, seeds) is
+    captured. The writes, the update and the metrics wait for the
+    verdict: a bad batch still writes nothing. Under the mirrored engine
+    the assertion waits for the collectives of the forward pass and the
+    loss (`MirroredModel.compute_loss`'s all-reduce of the row counts), so
+    a failed one cuts none short; the gradients' all-reduce is in the
+    update, after the verdict. Not for `sync_batchnorm`, whose forward
+    pass has all-reduces of its own.
+
+    Returns:
+        `(logs, taken)`.
+    """
+    ok, cleaned = finite.check_and_clean(checked)
+    swap = {id(t): c for t, c in zip(checked, cleaned)}
+
+    def clean(structure):
+        if structure is None:
+            return None
+        return keras.tree.map_structure(lambda t: swap.get(id(t), t),
+                                        structure)
+
+    x, y, sample_weight = clean(x), clean(y), clean(sample_weight)
+    variables = model.trainable_variables
+    if not variables:
+        warnings.warn("The model does not have any trainable weights.",
+                      stacklevel=3)
+    scope = stateless.StepScope(variables, model.non_trainable_variables)
+    with scope:
+        with tf.GradientTape() as tape:
+            tape.watch(scope.trainable_values)
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
+                                      sample_weight=sample_weight,
+                                      training=True)
+            scaled = (loss if model.optimizer is None
+                      else model.optimizer.scale_loss(loss))
+        grads = (tape.gradient(scaled, scope.trainable_values)
+                 if variables else [])
+
+    passed, taken = _verdict(checked, record, layout, counting, ok=ok,
+                             after=True)
+    with tf.control_dependencies([passed]):
+        for variable, value in scope.updates():
+            variable.assign(value)
+        if accumulation is not None:
+            _accumulated(model, grads, variables, accumulation)
+        else:
+            model.optimizer.apply(grads, variables)
+        logs = _track(model, x, y, y_pred, sample_weight, loss)
+    return logs, taken
 
 
 def _step(model, x, y, sample_weight, accumulation):
@@ -139,6 +230,11 @@ def _step(model, x, y, sample_weight, accumulation):
     else:
         model.optimizer.apply(grads, variables)
 
+    return _track(model, x, y, y_pred, sample_weight, loss)
+
+
+def _track(model, x, y, y_pred, sample_weight, loss):
+    """The loss tracker and the compiled metrics, updated (traced)."""
     rows = tf.shape(next(t for t in keras.tree.flatten(x)
                          if t is not None))[0]
     # `compute_loss` divides by the replica count (the gradients are

@@ -1,0 +1,147 @@
+"""The guarded training step's forward pass, run before the guard's verdict.
+
+The engines' guarded step (`multigpu.training_step`) runs the forward pass,
+the loss and the gradients on the variables' values read once at the start
+of the step, inside a `StepScope` (a `keras.StatelessScope`): what the pass
+writes (BatchNormalization's moving statistics, Dropout's seed) is captured
+instead of written. Only the writes and the update wait for the NaN/inf
+verdict; the reads, the copies to the devices and the forward pass do not.
+
+Two places of the forward path need the scope's help:
+
+* a `tf.cond` whose branches write (the zero-row guard,
+  `forward.forward_only_when_empty`) returns the values its branches wrote
+  as outputs of the cond (`StepScope.cond`): tensors made inside a branch
+  cannot be used outside it;
+* a function with a custom gradient (`forward.on_device`) takes the values
+  of the trainable variables it read as inputs (`StepScope.reading`), so
+  that the step's tape reaches them.
+"""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common import stateless_scope as _keras_scope
+
+
+def current():
+    """The `StepScope` the step is traced in, or None."""
+    scope = _keras_scope.get_stateless_scope()
+    return scope if isinstance(scope, StepScope) else None
+
+
+class StepScope(keras.StatelessScope):
+    """A stateless scope over a model's variables that remembers its writes.
+
+    Args:
+        trainable: The trainable variables (Keras variables); their values
+            are read here, as `trainable_values`.
+        others: The other variables the pass reads or writes (the
+            non-trainable ones: moving statistics, seed states).
+        values: The values to map the variables to (trainable first);
+            None to read them.
+        parent: The scope this one is nested in (a branch of `cond`): it
+            shares its readers.
+    """
+
+    def __init__(self, trainable, others, values=None, parent=None):
+        self.trainable = list(trainable)
+        self.others = list(others)
+        variables = self.trainable + self.others
+        if values is None:
+            values = [tf.convert_to_tensor(v.value) for v in variables]
+        super().__init__(collect_losses=True)
+        # Set as they are: `keras.StatelessScope` would cast them to the
+        # dtype of an autocast scope the branches of `cond` are traced in.
+        self.state_mapping = {id(v): value
+                              for v, value in zip(variables, values)}
+        self.trainable_values = [self.state_mapping[id(v)]
+                                 for v in self.trainable]
+        # The variables written in the scope, by id, in order.
+        self.written = {}
+        self._readers = parent._readers if parent is not None else []
+
+    def get_current_value(self, variable):
+        # Keras's `Variable.value` asks here: a read.
+        for reader in self._readers:
+            reader.add(id(variable))
+        return self.state_mapping.get(id(variable), None)
+
+    def add_update(self, update):
+        variable, _ = update
+        self.written.setdefault(id(variable), variable)
+        super().add_update(update)
+
+    def value_of(self, variable):
+        """The variable's value in the scope (not counted as a read)."""
+        return self.state_mapping.get(id(variable), None)
+
+    @contextlib.contextmanager
+    def reading(self):
+        """Collects the ids of the variables whose values the block reads."""
+        read = set()
+        self._readers.append(read)
+        try:
+            yield read
+        finally:
+            self._readers.remove(read)
+
+    def updates(self):
+        """`[(variable, value)]` of what the scope's pass wrote."""
+        return [(v, self.state_mapping[key])
+                for key, v in self.written.items()]
+
+    def cond(self, pred, true_fn, false_fn):
+        """`tf.cond(pred, true_fn, false_fn)` whose branches may write.
+
+        Each branch runs in a scope of its own over this scope's current
+        values; the values the first branch (`true_fn`) wrote are outputs
+        of the cond, the second branch passing them on unchanged unless it
+        wrote them too, and become this scope's writes.
+
+        Args:
+            pred: A boolean scalar tensor.
+            true_fn, false_fn: Functions returning lists of tensors.
+
+        Returns:
+            The branch's outputs, as `tf.cond` returns them.
+
+        Raises:
+            NotImplementedError: if the second branch writes a variable
+                the first did not, or a branch adds a loss (`add_loss`).
+        """
+        written = []  # filled by the first branch traced (true_fn)
+        keys = list(self.state_mapping)
+        variables = {id(v): v for v in self.trainable + self.others}
+        variables.update(self.written)
+
+        def branch(fn, first):
+            def run():
+                nested = StepScope(
+                    [], [variables[k] for k in keys if k in variables],
+                    [self.state_mapping[k] for k in keys if k in variables],
+                    parent=self)
+                with nested:
+                    outputs = list(fn())
+                if nested.losses:
+                    raise NotImplementedError(
+                        "multigpu: a loss added (add_loss) inside a "
+                        "zero-row guard's branch in the guarded step")
+                if first:
+                    written[:] = list(nested.written.values())
+                elif any(k not in {id(v) for v in written}
+                         for k in nested.written):
+                    raise NotImplementedError(
+                        "multigpu: the zero-row branch writes a variable "
+                        "that the training branch does not")
+                return outputs + [nested.state_mapping[id(v)]
+                                  for v in written]
+            return run
+
+        outputs = tf.cond(pred, branch(true_fn, True), branch(false_fn, False))
+        outputs = list(outputs)
+        count = len(outputs) - len(written)
+        for variable, value in zip(written, outputs[count:]):
+            self.add_update((variable, value))
+        return outputs[:count]
