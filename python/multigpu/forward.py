@@ -99,6 +99,7 @@ def _differentiable_on_values(scope, device, forward, flat_inputs):
     with scope.reading() as read, tf.device(device):
         ys = forward(*flat_inputs)
     values = [scope.value_of(v) for v in scope.trainable if id(v) in read]
+
     @tf.custom_gradient
     def replica(*xs):
         def grad(*dys, variables=None):
@@ -116,7 +117,10 @@ def _differentiable_on_values(scope, device, forward, flat_inputs):
 
         return list(ys), grad
 
-    return replica(*flat_inputs, *values)
+    # The IdentityN that carries the custom gradient on the device too:
+    # the forward pass there reads the values and inputs already.
+    with tf.device(device):
+        return replica(*flat_inputs, *values)
 
 
 def on_device(device, forward, flat_inputs):

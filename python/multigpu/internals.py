@@ -249,3 +249,20 @@ def run_branch_as_function(cond_output):
         op = op.inputs[0].op
     op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
     return cond_output
+
+
+# The guarded step's stateless forward pass (`multigpu.stateless`).
+
+
+def stateless_scope():
+    """The `keras.StatelessScope` being traced in (Keras keeps it per thread)."""
+    from keras.src.backend.common import stateless_scope
+
+    return stateless_scope.get_stateless_scope()
+
+
+def stored_value(variable):
+    """A Keras variable's value as stored: no stateless scope, no autocast."""
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(variable._value)

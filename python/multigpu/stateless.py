@@ -22,12 +22,13 @@ import contextlib
 
 import keras
 import tensorflow as tf
-from keras.src.backend.common import stateless_scope as _keras_scope
+
+from multigpu import internals
 
 
 def current():
     """The `StepScope` the step is traced in, or None."""
-    scope = _keras_scope.get_stateless_scope()
+    scope = internals.stateless_scope()
     return scope if isinstance(scope, StepScope) else None
 
 
@@ -50,7 +51,7 @@ class StepScope(keras.StatelessScope):
         self.others = list(others)
         variables = self.trainable + self.others
         if values is None:
-            values = [tf.convert_to_tensor(v.value) for v in variables]
+            values = [internals.stored_value(v) for v in variables]
         super().__init__(collect_losses=True)
         # Set as they are: `keras.StatelessScope` would cast them to the
         # dtype of an autocast scope the branches of `cond` are traced in.
@@ -60,11 +61,11 @@ class StepScope(keras.StatelessScope):
                                  for v in self.trainable]
         # The variables written in the scope, by id, in order.
         self.written = {}
-        self._readers = parent._readers if parent is not None else []
+        self.readers = parent.readers if parent is not None else []
 
     def get_current_value(self, variable):
         # Keras's `Variable.value` asks here: a read.
-        for reader in self._readers:
+        for reader in self.readers:
             reader.add(id(variable))
         return self.state_mapping.get(id(variable), None)
 
@@ -81,11 +82,11 @@ class StepScope(keras.StatelessScope):
     def reading(self):
         """Collects the ids of the variables whose values the block reads."""
         read = set()
-        self._readers.append(read)
+        self.readers.append(read)
         try:
             yield read
         finally:
-            self._readers.remove(read)
+            self.readers.remove(read)
 
     def updates(self):
         """`[(variable, value)]` of what the scope's pass wrote."""
@@ -135,8 +136,13 @@ class StepScope(keras.StatelessScope):
                     raise NotImplementedError(
                         "multigpu: the zero-row branch writes a variable "
                         "that the training branch does not")
-                return outputs + [nested.state_mapping[id(v)]
-                                  for v in written]
+                # A variable outside the mapping that only the first
+                # branch wrote (an unseeded `keras.random` draw's global
+                # seed) is passed on as it is stored.
+                return outputs + [
+                    nested.state_mapping[id(v)] if id(v) in
+                    nested.state_mapping else internals.stored_value(v)
+                    for v in written]
             return run
 
         outputs = tf.cond(pred, branch(true_fn, True), branch(false_fn, False))
