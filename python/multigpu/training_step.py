@@ -30,6 +30,7 @@ Example:
 ...         return train_step(self, data, record=self.record)
 """
 
+import os
 import warnings
 
 import keras
@@ -148,8 +149,9 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
 
 
 # Whether the guarded step runs its forward pass before the verdict
-# (`_stateless_step`); False: every op waits for it (`_step`).
-STATELESS = True
+# (`_stateless_step`); False: every op waits for it (`_step`). The
+# environment variable is the prototype's switch for measuring both.
+STATELESS = os.environ.get("MULTIGPU_STATELESS_STEP", "1") != "0"
 
 
 def _stateless_step(model, x, y, sample_weight, accumulation, checked,
