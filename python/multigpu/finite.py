@@ -7,16 +7,18 @@ hours later the model predicts NaN.
 
 The engines' training step (`multigpu.training_step`) checks every
 floating-point tensor of its share of the batch first (`check`), and every
-other op of the step waits for the verdict, an assertion
-(`Record.asserted`). On a bad batch each replica's bad share goes into the
-model's `Record` (`kept`) before the assertion fails, and nothing else of
-the step runs: no forward pass, no write (BatchNormalization's statistics,
-Dropout's seed, the weights, the optimizer). The train function then
-raises a `NonFiniteInputError` from the record (`reporting`), naming the
-epoch and batch (kept by a `Position` callback), the input (`x`, `y` or
-`sample_weight`, and which named input or output), how many NaN and inf
-values it had and in which rows (counted in NumPy). Under a strategy the
-replicas wait for one verdict, so no collective starts on a bad batch.
+write of the step waits for the verdict, an assertion
+(`Record.asserted`); the forward pass runs beside the check, on the batch
+with NaN and inf set to zero (`check_and_clean`). On a bad batch each
+replica's bad share goes into the model's `Record` (`kept`) before the
+assertion fails, and nothing is written (BatchNormalization's statistics,
+Dropout's seed, the weights, the optimizer, the metrics). The train
+function then raises a `NonFiniteInputError` from the record
+(`reporting`), naming the epoch and batch (kept by a `Position` callback),
+the input (`x`, `y` or `sample_weight`, and which named input or output),
+how many NaN and inf values it had and in which rows (counted in NumPy).
+Under a strategy the replicas' updates wait for one verdict, so no
+collective of the update starts on a bad batch.
 
 Turn the check off per model with `model.check_finite = False` (in R,
 `model$check_finite <- FALSE`). Its cost per step is measured by

@@ -6,23 +6,31 @@ loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
 * With the NaN/inf guard on (`model.check_finite`), the batch is checked
-  first (`multigpu.finite`), and every op of the step waits for the
+  (`multigpu.finite`), and every write of the step waits for the
   verdict: a `tf.debugging.Assert` that fails on a bad batch, after its
-  findings were written to the model's `finite.Record`. A bad batch thus
-  runs nothing of the step past the check: no forward pass, no write
-  (BatchNormalization's statistics, Dropout's seed, the weights, the
-  optimizer), no metric. The train function then raises
-  `finite.NonFiniteInputError` from the record (`finite.reporting`). A
-  batch with no floating-point tensor (integer tokens and labels) has
-  nothing to check, and its step is Keras's.
+  findings were written to the model's `finite.Record`. The forward pass,
+  the loss and the gradients run beside the check, on the variables'
+  values read at the start of the step and on the batch with NaN and inf
+  set to zero (`_stateless_step`, `multigpu.stateless`): what they write
+  is captured and written after the verdict. A bad batch thus writes
+  nothing (BatchNormalization's statistics, Dropout's seed, the weights,
+  the optimizer, the metrics). The train function then raises
+  `finite.NonFiniteInputError` from the record (`finite.reporting`). With
+  `sync_batchnorm`, whose forward pass has all-reduces, every op of the
+  step waits for the verdict (`_step`). A batch with no floating-point
+  tensor (integer tokens and labels) has nothing to check, and its step is
+  Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
   its share, and the verdict is taken once for all of them, in
-  cross-replica context (one `merge_call`): every replica waits for the one
-  assertion, so on a bad batch no replica starts a collective the others
-  would never join (a collective cut short leaves the process's collective
-  executor cancelled for every later step). The mirrored engine's gradient
-  accumulation (`multigpu.accumulation`) runs from another cross-replica
-  call, around Keras's `apply`, as Keras's `LossScaleOptimizer` does.
+  cross-replica context (one `merge_call`): every replica's update waits
+  for the one assertion, so on a bad batch no replica starts a collective
+  of the update the others would never join, and the assertion waits for
+  the collectives traced before it (the loss's all-reduce of the row
+  counts), so a failed one cuts none short (a collective cut short leaves
+  the process's collective executor cancelled for every later step). The
+  mirrored engine's gradient accumulation (`multigpu.accumulation`) runs
+  from another cross-replica call, around Keras's `apply`, as Keras's
+  `LossScaleOptimizer` does.
 
 Example:
 >>> class Engine(keras.Model):
