@@ -6,14 +6,13 @@ the reported loss may even stay finite (metrics average over the epoch), and
 hours later the model predicts NaN.
 
 The engines' training step (`multigpu.training_step`) checks every
-floating-point tensor of its share of the batch first (`check`), and every
-write of the step waits for the verdict, an assertion
-(`Record.asserted`); the forward pass runs beside the check, on the batch
-with NaN and inf set to zero (`check_and_clean`). On a bad batch each
-replica's bad share goes into the model's `Record` (`kept`) before the
-assertion fails, and nothing is written (BatchNormalization's statistics,
-Dropout's seed, the weights, the optimizer, the metrics). The train
-function then raises a `NonFiniteInputError` from the record
+floating-point tensor of its share of the batch (`check`), and every write
+of the step waits for the verdict, an assertion (`Record.asserted`); the
+forward pass runs beside the check (`multigpu.stateless`). On a bad batch
+each replica's bad share goes into the model's `Record` (`kept`) before
+the assertion fails, and nothing is written (BatchNormalization's
+statistics, Dropout's seed, the weights, the optimizer, the metrics). The
+train function then raises a `NonFiniteInputError` from the record
 (`reporting`), naming the epoch and batch (kept by a `Position` callback),
 the input (`x`, `y` or `sample_weight`, and which named input or output),
 how many NaN and inf values it had and in which rows (counted in NumPy).
@@ -148,31 +147,6 @@ def check(tensors):
         return tf.constant(True)
     flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors]
     return flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
-
-
-def check_and_clean(tensors):
-    """`check(tensors)`, and the tensors with NaN and inf set to zero (traced).
-
-    The guarded step's forward pass runs before the verdict
-    (`multigpu.training_step`) on the cleaned tensors: a NaN read as an
-    index (an Embedding fed floats, sparse labels) would otherwise fail a
-    kernel with TensorFlow's error before the check's. A finite tensor is
-    returned value for value. One `is_finite` per tensor serves both.
-
-    Args:
-        tensors: Floating-point tensors (see `checked_leaves`).
-
-    Returns:
-        `(ok, cleaned)`: a boolean scalar tensor and a list of tensors.
-    """
-    if not tensors:
-        return tf.constant(True), []
-    finite = [tf.math.is_finite(t) for t in tensors]
-    flags = [tf.reduce_all(f) for f in finite]
-    ok = flags[0] if len(flags) == 1 else tf.reduce_all(tf.stack(flags))
-    cleaned = [tf.where(f, t, tf.zeros([], t.dtype))
-               for f, t in zip(finite, tensors)]
-    return ok, cleaned
 
 
 def kept(tensors):

@@ -7,6 +7,9 @@ one breaks this module only (ruff's SLF001 is off here and on everywhere
 else).
 """
 
+import contextlib
+import threading
+
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as ops_lib
@@ -266,3 +269,40 @@ def stored_value(variable):
     import tensorflow as tf
 
     return tf.convert_to_tensor(variable._value)
+
+
+# Users of each (callback list, callback) pair, for `op_callback`.
+_op_callback_users = {}
+_op_callback_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def op_callback(callback):
+    """Calls `callback` for each TensorFlow op created in the block.
+
+    TensorFlow's op callbacks (`tf.debugging.enable_check_numerics` is
+    built on them) are kept per thread, but a `MirroredStrategy`'s replica
+    threads share the list of the thread that started them, and leave a
+    block in any order: the callback stays registered until the last block
+    using it on that list ends.
+
+    Args:
+        callback: `callback(op_type, inputs, attrs, outputs, op_name=None,
+            graph=None)`, returning the outputs to use from then on (those
+            it was given, or replacements).
+    """
+    from tensorflow.python.framework import op_callbacks
+
+    key = (id(context.context().op_callbacks), callback)
+    with _op_callback_lock:
+        if key not in _op_callback_users:
+            op_callbacks.add_op_callback(callback)
+        _op_callback_users[key] = _op_callback_users.get(key, 0) + 1
+    try:
+        yield
+    finally:
+        with _op_callback_lock:
+            _op_callback_users[key] -= 1
+            if not _op_callback_users[key]:
+                del _op_callback_users[key]
+                op_callbacks.remove_op_callback(callback)

@@ -16,9 +16,22 @@ Two places of the forward path need the scope's help:
 * a function with a custom gradient (`forward.on_device`) takes the values
   of the trainable variables it read as inputs (`StepScope.reading`), so
   that the step's tape reaches them.
+
+The forward pass may run on a bad batch. The only way it can fail there,
+before the verdict, is a NaN or inf cast to an integer and used as an
+index (floats fed to an Embedding, sparse labels given as floats): the
+cast gives -2**31, which a bounds-checked kernel (`Gather`, sparse
+cross-entropy on CPU) rejects with TensorFlow's error instead of the
+guard's. While the pass is traced (`casts_of_finite`), every cast from a
+floating-point to an integer type casts the value with NaN and inf set to
+zero instead: a finite value casts as before, and the index tensors are
+small, so this costs next to nothing (cleaning the whole batch instead
+cost 1-3% of an image model's step).
 """
 
 import contextlib
+import threading
+import warnings
 
 import keras
 import tensorflow as tf
@@ -151,3 +164,56 @@ class StepScope(keras.StatelessScope):
         for variable, value in zip(written, outputs[count:]):
             self.add_update((variable, value))
         return outputs[:count]
+
+
+# Whether this thread traces a forward pass in `casts_of_finite`: the
+# callback list is shared with other replicas' threads (`op_callback`).
+_tracing = threading.local()
+
+# Variable writes that bypass a stateless scope (a raw `tf.Variable`).
+_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def _finite_before_integer_cast(op_type, inputs, attrs, outputs,
+                                op_name=None, graph=None):
+    """An op callback: see `casts_of_finite`."""
+    # Returns `outputs` when it leaves them: TensorFlow hands a callback's
+    # return value to the next callback as its outputs.
+    if graph is None or outputs is None or not getattr(_tracing, "depth", 0):
+        return outputs
+    if op_type in _WRITES or op_type.startswith("ResourceScatter"):
+        warnings.warn(
+            f"multigpu: the guarded training step's forward pass writes a "
+            f"tf.Variable directly (op {op_name!r}). That write is not held "
+            f"back on a batch with NaN or inf; create the variable with a "
+            f"layer's `add_weight` (a Keras variable) so that it is.",
+            stacklevel=2)
+        return outputs
+    if op_type != "Cast":
+        return outputs
+    source, target = inputs[0], outputs[0]
+    if not (source.dtype.is_floating and target.dtype.is_integer):
+        return outputs
+    finite = tf.where(tf.math.is_finite(source), source,
+                      tf.zeros([], source.dtype))
+    return [tf.cast(finite, target.dtype)]
+
+
+@contextlib.contextmanager
+def casts_of_finite():
+    """A context in which float-to-integer casts map NaN and inf to zero.
+
+    For tracing the guarded step's forward pass (see the module's
+    docstring); it also warns of writes to raw `tf.Variable`s, which the
+    stateless scope cannot hold back.
+
+    Example:
+    >>> with StepScope(trainable, others), casts_of_finite():
+    ...     y_pred = model(x, training=True)
+    """
+    _tracing.depth = getattr(_tracing, "depth", 0) + 1
+    try:
+        with internals.op_callback(_finite_before_integer_cast):
+            yield
+    finally:
+        _tracing.depth -= 1

@@ -6,28 +6,26 @@ loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
 * With the NaN/inf guard on (`model.check_finite`), the batch is checked
-  (`multigpu.finite`), and every write of the step waits for the
-  verdict: a `tf.debugging.Assert` that fails on a bad batch, after its
-  findings were written to the model's `finite.Record`. The forward pass,
-  the loss and the gradients run beside the check, on the variables'
-  values read at the start of the step and on the batch with NaN and inf
-  set to zero (`_stateless_step`, `multigpu.stateless`): what they write
-  is captured and written after the verdict. A bad batch thus writes
-  nothing (BatchNormalization's statistics, Dropout's seed, the weights,
-  the optimizer, the metrics). The train function then raises
-  `finite.NonFiniteInputError` from the record (`finite.reporting`). With
-  `sync_batchnorm`, whose forward pass has all-reduces, every op of the
-  step waits for the verdict (`_step`). A batch with no floating-point
-  tensor (integer tokens and labels) has nothing to check, and its step is
-  Keras's.
+  (`multigpu.finite`), and every write of the step waits for the verdict:
+  a `tf.debugging.Assert` that fails on a bad batch, after its findings
+  were written to the model's `finite.Record`. The forward pass, the loss
+  and the gradients run beside the check, on the variables' values read at
+  the start of the step (`_guarded_step`, `multigpu.stateless`): what they
+  write is captured and written after the verdict. A bad batch thus
+  writes nothing (BatchNormalization's statistics, Dropout's seed, the
+  weights, the optimizer, the metrics). The train function then raises
+  `finite.NonFiniteInputError` from the record (`finite.reporting`). A
+  batch with no floating-point tensor (integer tokens and labels) has
+  nothing to check, and its step is Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
   its share, and the verdict is taken once for all of them, in
   cross-replica context (one `merge_call`): every replica's update waits
   for the one assertion, so on a bad batch no replica starts a collective
-  of the update the others would never join, and the assertion waits for
-  the collectives traced before it (the loss's all-reduce of the row
-  counts), so a failed one cuts none short (a collective cut short leaves
-  the process's collective executor cancelled for every later step). The
+  of the update that the others would never join; and the assertion waits
+  for each replica's loss and gradients, so it cuts short no collective of
+  the forward or backward pass (the loss's all-reduce of the row counts, a
+  synchronised BatchNormalization's). A collective cut short leaves the
+  process's collective executor cancelled for every later step. The
   mirrored engine's gradient accumulation (`multigpu.accumulation`) runs
   from another cross-replica call, around Keras's `apply`, as Keras's
   `LossScaleOptimizer` does.
@@ -38,7 +36,6 @@ Example:
 ...         return train_step(self, data, record=self.record)
 """
 
-import os
 import warnings
 
 import keras
@@ -48,44 +45,29 @@ from multigpu import finite, internals, stateless
 from multigpu import gradients as gradients_lib
 
 
-def _verdict(checked, record, layout, counting, ok=None, after=False):
+def _verdict(ok, checked, record, layout, counting):
     """The guard's verdict on a replica's share (traced, replica context).
 
     Each replica keeps its own bad share; the assertion is one for all, in
     cross-replica context (a `merge_call`; without a strategy, here).
 
     Args:
+        ok: `finite.check(checked)`.
         checked: The replica's checked tensors.
         record: The model's `finite.Record`.
         layout: The index of the checked tensors' layout in the record.
         counting: Whether to count the step (several steps per call).
-        ok: `finite.check(checked)`, if already taken.
-        after: Whether the assertion waits for every collective op traced
-            so far in the step (the stateless step's forward pass and
-            loss): a failed assertion cancels the step, and a collective
-            cut short leaves the process's collective executor cancelled.
 
     Returns:
         `record.asserted`'s `(passed, taken)`, the same in every replica.
     """
-    if ok is None:
-        ok = finite.check(checked)
     ok = record.noted(ok, checked, layout)
 
     def across(strategy, ok):
-        waits = _collectives() if after else []
-        with tf.control_dependencies(waits):
-            return record.asserted(
-                list(strategy.experimental_local_results(ok)), counting)
+        return record.asserted(
+            list(strategy.experimental_local_results(ok)), counting)
 
     return tf.distribute.get_replica_context().merge_call(across, args=(ok,))
-
-
-def _collectives():
-    """The collective ops of the graph being traced (its top level)."""
-    graph = tf.compat.v1.get_default_graph()
-    return [op for op in graph.get_operations()
-            if op.type.startswith(("Collective", "Nccl"))]
 
 
 def _apply(optimizer, grads, variables):
@@ -142,61 +124,33 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     # With one step per call, a failed call names its first step: nothing
     # to count.
     counting = (getattr(model, "steps_per_execution", 1) or 1) > 1
-    layout = record.layout(leaves)
-    if STATELESS and not getattr(model, "sync_batchnorm", False):
-        logs, taken = _stateless_step(model, x, y, sample_weight,
-                                      accumulation, checked, record, layout,
-                                      counting)
-        return logs if taken is None else {**logs, finite.STATUS: taken}
-    passed, taken = _verdict(checked, record, layout, counting)
-    # Every op of the step, from the first read of the batch and of the
-    # variables on, waits for the verdict.
-    with tf.control_dependencies([passed]):
-        logs = _step(model, x, y, sample_weight, accumulation)
+    logs, taken = _guarded_step(model, x, y, sample_weight, accumulation,
+                                checked, record, record.layout(leaves),
+                                counting)
     return logs if taken is None else {**logs, finite.STATUS: taken}
 
 
-# Whether the guarded step runs its forward pass before the verdict
-# (`_stateless_step`); False: every op waits for it (`_step`). The
-# environment variable is the prototype's switch for measuring both.
-STATELESS = os.environ.get("MULTIGPU_STATELESS_STEP", "1") != "0"
-
-
-def _stateless_step(model, x, y, sample_weight, accumulation, checked,
-                    record, layout, counting):
-    """The guarded step with only its writes waiting for the verdict.
+def _guarded_step(model, x, y, sample_weight, accumulation, checked,
+                  record, layout, counting):
+    """Keras's step with its writes waiting for the NaN/inf verdict (traced).
 
     The forward pass, the loss and the gradients run on the variables'
-    values read at the start of the step (`stateless.StepScope`) and on
-    the batch with NaN and inf set to zero (`finite.check_and_clean`),
-    beside the check; what the pass writes (moving statistics, seeds) is
-    captured. The writes, the update and the metrics wait for the
-    verdict: a bad batch still writes nothing. Under the mirrored engine
-    the assertion waits for the collectives of the forward pass and the
-    loss (`MirroredModel.compute_loss`'s all-reduce of the row counts), so
-    a failed one cuts none short; the gradients' all-reduce is in the
-    update, after the verdict. Not for `sync_batchnorm`, whose forward
-    pass has all-reduces of its own.
+    values read at the start of the step (`stateless.StepScope`), beside
+    the check of `checked`; what the pass writes (moving statistics,
+    seeds) is captured. The writes, the update and the metrics wait for
+    the verdict: a bad batch writes nothing.
 
     Returns:
-        `(logs, taken)`.
+        `(logs, taken)`: the logs, and `record.asserted`'s step count (or
+        None).
     """
-    ok, cleaned = finite.check_and_clean(checked)
-    swap = {id(t): c for t, c in zip(checked, cleaned)}
-
-    def clean(structure):
-        if structure is None:
-            return None
-        return keras.tree.map_structure(lambda t: swap.get(id(t), t),
-                                        structure)
-
-    x, y, sample_weight = clean(x), clean(y), clean(sample_weight)
+    ok = finite.check(checked)
     variables = model.trainable_variables
     if not variables:
         warnings.warn("The model does not have any trainable weights.",
                       stacklevel=3)
     scope = stateless.StepScope(variables, model.non_trainable_variables)
-    with scope:
+    with scope, stateless.casts_of_finite():
         with tf.GradientTape() as tape:
             tape.watch(scope.trainable_values)
             y_pred = model(x, training=True)
@@ -208,8 +162,17 @@ def _stateless_step(model, x, y, sample_weight, accumulation, checked,
         grads = (tape.gradient(scaled, scope.trainable_values)
                  if variables else [])
 
-    passed, taken = _verdict(checked, record, layout, counting, ok=ok,
-                             after=True)
+    if tf.distribute.has_strategy():
+        # A failed assertion cancels the step, and a collective cut short
+        # leaves the process's collective executor cancelled for every
+        # later step: the replica's loss and gradients come after every
+        # collective of its forward and backward pass.
+        done = [t for t in tf.nest.flatten([loss, grads],
+                                           expand_composites=True)
+                if t is not None]
+        with tf.control_dependencies(done):
+            ok = tf.identity(ok)
+    passed, taken = _verdict(ok, checked, record, layout, counting)
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)

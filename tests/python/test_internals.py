@@ -72,3 +72,34 @@ def test_batch_normalization_takes_its_moments_from_replace_moments():
     # momentum 0: the moving statistics are the moments given.
     assert keras.ops.convert_to_numpy(layer.moving_variance).tolist() == [
         4.0, 4.0, 4.0]
+
+
+def test_the_stateless_scope_and_a_variables_stored_value_are_readable():
+    variable = keras.Variable(2.0)
+    assert internals.stateless_scope() is None
+    with keras.StatelessScope(state_mapping=[(variable, 5.0)]) as scope:
+        assert internals.stateless_scope() is scope
+        assert float(variable.value) == 5.0
+        # As stored, not as the scope maps it.
+        assert float(internals.stored_value(variable)) == 2.0
+
+
+def test_an_op_callback_replaces_outputs_until_its_last_user_leaves():
+    import tensorflow as tf
+
+    def plus_one(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if op_type == "Neg" and graph is not None:
+            return [outputs[0] + 1.0]
+        return outputs
+
+    @tf.function
+    def negated(x):
+        with internals.op_callback(plus_one):
+            with internals.op_callback(plus_one):
+                first = -x
+            # The outer block still uses it.
+            second = -x
+        return first, second, -x
+
+    first, second, third = negated(tf.constant(1.0))
+    assert (float(first), float(second), float(third)) == (0.0, 0.0, -1.0)

@@ -75,7 +75,7 @@ def test_a_bad_batch_changes_no_variable_of_any_zoo_model(rng, name, engine):
     """Weights, BatchNormalization's statistics, Dropout's seed, the
     optimizer's slots and iteration count: all as before the bad batch.
 
-    Every op of each model's step waits for the check's assertion
+    Every write of each model's step waits for the check's assertion
     (`multigpu.training_step`), whatever its layers write.
     """
     template = ZOO[name]()
