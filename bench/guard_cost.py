@@ -3,9 +3,10 @@
     python -m bench.guard_cost --output docs/bench/guard-cost
 
 The engines' training step checks every floating-point tensor of its
-share of the batch for NaN and inf first, and every other op of the step
-waits for one assertion that every share was finite
-(`multigpu.training_step`). For each
+share of the batch for NaN and inf, and every write of the step (the
+update, the captured writes of the forward pass, the metrics) waits for
+one assertion that every share was finite; the forward pass and the
+gradients run beside the check (`multigpu.training_step`). For each
 workload of `bench/models.py`, engine and device count, one process (its
 logical CPU devices fixed at start) builds the same template four times
 with the same weights, two models with the guard (`check_finite=True`)
