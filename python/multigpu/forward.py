@@ -64,27 +64,36 @@ def _differentiable_on(device, forward, flat_inputs):
     def replica(*xs):
         with tf.device(device):
             ys = forward(*xs)
-
-        def grad(*dys, variables=None):
-            variables = list(variables or [])
-            sources = list(xs) + variables
-            used = [(y, dy) for y, dy in zip(ys, dys)
-                    if dy is not None and not _is_zeros(dy)]
-            if not used:
-                return [None] * len(xs), [None] * len(variables)
-            # Each input is a separate source: with one input computed
-            # from another (a stem feeding this stage both directly and
-            # through an earlier stage), `tf.gradients` would otherwise also
-            # differentiate through that earlier stage, whose own gradient
-            # function counts the same path again.
-            grads = tf.gradients([y for y, _ in used], sources,
-                                 grad_ys=[dy for _, dy in used],
-                                 stop_gradients=list(xs))
-            return grads[: len(xs)], grads[len(xs):]
-
-        return ys, grad
+        return ys, _backward(ys, xs)
 
     return replica(*flat_inputs)
+
+
+def _backward(ys, xs):
+    """The gradient function of `ys` over the inputs `xs` and variables.
+
+    For `tf.custom_gradient`: `tf.gradients` from the outputs whose
+    gradient is not the tape's all-zeros filler.
+    """
+
+    def grad(*dys, variables=None):
+        variables = list(variables or [])
+        sources = list(xs) + variables
+        used = [(y, dy) for y, dy in zip(ys, dys)
+                if dy is not None and not _is_zeros(dy)]
+        if not used:
+            return [None] * len(xs), [None] * len(variables)
+        # Each input is a separate source: with one input computed from
+        # another (a stem feeding this stage both directly and through an
+        # earlier stage), `tf.gradients` would otherwise also differentiate
+        # through that earlier stage, whose own gradient function counts
+        # the same path again.
+        grads = tf.gradients([y for y, _ in used], sources,
+                             grad_ys=[dy for _, dy in used],
+                             stop_gradients=list(xs))
+        return grads[: len(xs)], grads[len(xs):]
+
+    return grad
 
 
 def _differentiable_on_values(scope, device, forward, flat_inputs):
@@ -102,20 +111,7 @@ def _differentiable_on_values(scope, device, forward, flat_inputs):
 
     @tf.custom_gradient
     def replica(*xs):
-        def grad(*dys, variables=None):
-            variables = list(variables or [])
-            sources = list(xs) + variables
-            used = [(y, dy) for y, dy in zip(ys, dys)
-                    if dy is not None and not _is_zeros(dy)]
-            if not used:
-                return [None] * len(xs), [None] * len(variables)
-            # As in `_differentiable_on`, each input a separate source.
-            grads = tf.gradients([y for y, _ in used], sources,
-                                 grad_ys=[dy for _, dy in used],
-                                 stop_gradients=list(xs))
-            return grads[: len(xs)], grads[len(xs):]
-
-        return list(ys), grad
+        return list(ys), _backward(ys, xs)
 
     # The IdentityN that carries the custom gradient on the device too:
     # the forward pass there reads the values and inputs already.
