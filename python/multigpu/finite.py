@@ -246,6 +246,8 @@ class Record:
                 return tf.identity(ok)
 
         noted = tf.cond(ok, lambda: tf.identity(ok), kept_if_bad)
+        if tf.executing_eagerly():  # `run_eagerly=True`: no graph to shape
+            return noted
         return internals.run_branch_as_function(noted)
 
     def asserted(self, oks, counting):

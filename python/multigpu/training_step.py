@@ -145,6 +145,12 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
         None).
     """
     ok = finite.check(checked)
+    verdict = None
+    if tf.executing_eagerly():
+        # Run eagerly (`run_eagerly=True`), ops run in the program's order
+        # and `casts_of_finite` sees no graph: the verdict comes first, so
+        # that a NaN read as an index fails the guard's way.
+        verdict = _verdict(ok, checked, record, layout, counting)
     variables = model.trainable_variables
     if not variables:
         warnings.warn("The model does not have any trainable weights.",
@@ -162,7 +168,7 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
         grads = (tape.gradient(scaled, scope.trainable_values)
                  if variables else [])
 
-    if tf.distribute.has_strategy():
+    if verdict is None and tf.distribute.has_strategy():
         # A failed assertion cancels the step, and a collective cut short
         # leaves the process's collective executor cancelled for every
         # later step: the replica's loss and gradients come after every
@@ -172,7 +178,9 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
                 if t is not None]
         with tf.control_dependencies(done):
             ok = tf.identity(ok)
-    passed, taken = _verdict(ok, checked, record, layout, counting)
+    if verdict is None:
+        verdict = _verdict(ok, checked, record, layout, counting)
+    passed, taken = verdict
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
