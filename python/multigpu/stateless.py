@@ -211,6 +211,12 @@ def casts_of_finite():
     >>> with StepScope(trainable, others), casts_of_finite():
     ...     y_pred = model(x, training=True)
     """
+    if tf.executing_eagerly():
+        # Nothing is traced (`run_eagerly=True`); registered eagerly, an op
+        # callback would also switch TensorFlow's eager execution to its
+        # slower path for the block.
+        yield
+        return
     _tracing.depth = getattr(_tracing, "depth", 0) + 1
     try:
         with internals.op_callback(_finite_before_integer_cast):
