@@ -145,73 +145,86 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
         None).
     """
     ok = finite.check(checked)
-    verdict = None
-    if tf.executing_eagerly():
+    eager = tf.executing_eagerly()
+    if eager:
         # Run eagerly (`run_eagerly=True`), ops run in the program's order
         # and `casts_of_finite` sees no graph: the verdict comes first, so
         # that a NaN read as an index fails the guard's way.
-        verdict = _verdict(ok, checked, record, layout, counting)
-    variables = model.trainable_variables
-    if not variables:
-        warnings.warn("The model does not have any trainable weights.",
-                      stacklevel=3)
+        passed, taken = _verdict(ok, checked, record, layout, counting)
+    variables = _trainable(model)
     scope = stateless.StepScope(variables, model.non_trainable_variables)
     with scope, stateless.casts_of_finite():
-        with tf.GradientTape() as tape:
-            tape.watch(scope.trainable_values)
-            y_pred = model(x, training=True)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
-                                      sample_weight=sample_weight,
-                                      training=True)
-            scaled = (loss if model.optimizer is None
-                      else model.optimizer.scale_loss(loss))
-        grads = (tape.gradient(scaled, scope.trainable_values)
-                 if variables else [])
+        y_pred, loss, grads = _loss_and_gradients(
+            model, x, y, sample_weight, scope.trainable_values, watch=True)
 
-    if verdict is None and tf.distribute.has_strategy():
-        # A failed assertion cancels the step, and a collective cut short
-        # leaves the process's collective executor cancelled for every
-        # later step: the replica's loss and gradients come after every
-        # collective of its forward and backward pass.
-        done = [t for t in tf.nest.flatten([loss, grads],
-                                           expand_composites=True)
-                if t is not None]
-        with tf.control_dependencies(done):
-            ok = tf.identity(ok)
-    if verdict is None:
-        verdict = _verdict(ok, checked, record, layout, counting)
-    passed, taken = verdict
+    if not eager:
+        if tf.distribute.has_strategy():
+            # A failed assertion cancels the step, and a collective cut
+            # short leaves the process's collective executor cancelled for
+            # every later step: the replica's loss and gradients come after
+            # every collective of its forward and backward pass.
+            done = [t for t in tf.nest.flatten([loss, grads],
+                                               expand_composites=True)
+                    if t is not None]
+            with tf.control_dependencies(done):
+                ok = tf.identity(ok)
+        passed, taken = _verdict(ok, checked, record, layout, counting)
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
-        if accumulation is not None:
-            _accumulated(model, grads, variables, accumulation)
-        else:
-            model.optimizer.apply(grads, variables)
+        _update(model, grads, variables, accumulation)
         logs = _track(model, x, y, y_pred, sample_weight, loss)
     return logs, taken
 
 
 def _step(model, x, y, sample_weight, accumulation):
     """Keras's step: forward, loss, gradients, update, metrics (traced)."""
+    variables = _trainable(model)
+    y_pred, loss, grads = _loss_and_gradients(model, x, y, sample_weight,
+                                              variables)
+    _update(model, grads, variables, accumulation)
+    return _track(model, x, y, y_pred, sample_weight, loss)
+
+
+def _trainable(model):
+    """The model's trainable variables; Keras's warning when there are none."""
+    variables = model.trainable_variables
+    if not variables:
+        # Names the caller of `train_step` (past `_step` or `_guarded_step`).
+        warnings.warn("The model does not have any trainable weights.",
+                      stacklevel=4)
+    return variables
+
+
+def _loss_and_gradients(model, x, y, sample_weight, sources, watch=False):
+    """The forward pass, the loss and its gradients over `sources` (traced).
+
+    Args:
+        sources: The trainable variables, or the values standing for them
+            in a `stateless.StepScope` (tensors, which the tape must be
+            told to watch: `watch=True`).
+
+    Returns:
+        `(y_pred, loss, grads)`.
+    """
     with tf.GradientTape() as tape:
+        if watch:
+            tape.watch(sources)
         y_pred = model(x, training=True)
         loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
                                   sample_weight=sample_weight, training=True)
         scaled = (loss if model.optimizer is None
                   else model.optimizer.scale_loss(loss))
+    grads = tape.gradient(scaled, sources) if sources else []
+    return y_pred, loss, grads
 
-    variables = model.trainable_variables
-    if not variables:
-        warnings.warn("The model does not have any trainable weights.",
-                      stacklevel=3)
-    grads = tape.gradient(scaled, variables) if variables else []
+
+def _update(model, grads, variables, accumulation):
+    """The optimizer's update, or the mirrored engine's accumulated one."""
     if accumulation is not None:
         _accumulated(model, grads, variables, accumulation)
     else:
         model.optimizer.apply(grads, variables)
-
-    return _track(model, x, y, y_pred, sample_weight, loss)
 
 
 def _track(model, x, y, y_pred, sample_weight, loss):
