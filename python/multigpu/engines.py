@@ -20,6 +20,7 @@ from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
 from multigpu.messages import api, literal, literals, setting
 from multigpu.mirrored import MirroredModel
+from multigpu.own_steps import check_standard_steps
 from multigpu.replicas import ParallelModel
 from multigpu.sync_batchnorm import check_sync_batchnorm, walk_problem
 from multigpu.template import TemplateBacked
@@ -196,6 +197,7 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     """
     _check_not_parallel(model)
     callable_graph(model)
+    check_standard_steps(model, "multi_gpu_model")
     strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)

@@ -18,6 +18,7 @@ from multigpu.arguments import check_int, is_int
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import layer_name, named_like, symbolic_graph
 from multigpu.messages import api, literal, setting
+from multigpu.own_steps import check_standard_steps
 from multigpu.pipeline import StagePlan, Stages
 from multigpu.stage_split import is_group, resolve_stages, staged_layers
 from multigpu.template import TemplateBacked, built_like
@@ -275,6 +276,7 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     >>> partitioned.save("model.keras")   # a plain Keras model
     """
     symbolic_graph(model)
+    check_standard_steps(model, "model_parallel")
     strategy_lib.check_outside_strategies("model_parallel")
     microbatches = check_int("microbatches", microbatches, 1, expected=(
         "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "

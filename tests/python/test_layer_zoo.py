@@ -1,0 +1,340 @@
+"""The layer zoo: every Keras layer family with behaviour of its own, differentially.
+
+Each case is a tiny model built around one layer family (preprocessing
+adapted to data, lookups, the normalizations, RNNs with dropout and masks,
+attention with masks, regularizers, `add_loss`, random layers). Built twice
+from one seed, one copy goes through `multi_gpu_model` on 4 devices, the
+other is trained by plain Keras on one device. On each engine and for two
+batch schedules (`SCHEDULES`: batches that split evenly, and an epoch of
+uneven batches ending in fewer rows than devices):
+
+* predictions equal the template's before training;
+* a deterministic layer trains like the template for two epochs: weights
+  within `TOL`, the logged loss and metrics too;
+* a random layer (its draws differ between one device and four) trains:
+  finite loss and weights that moved, and the parallel model predicts what
+  its template predicts afterwards.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import multigpu
+
+TOL = 1e-5
+ENGINES = ("replicate", "mirrored")
+# (rows, batch_size): 4 devices; 16/8 splits every batch 2/2/2/2; 23/10
+# gives two batches split unevenly (2/3/2/3) and a last one of 3 rows,
+# which leaves one device without rows.
+SCHEDULES = {"even": (16, 8), "ragged": (23, 10)}
+
+
+def _rng():
+    return np.random.default_rng(3)
+
+
+def _features(rows, width=6, seed=3):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((rows, width)) * 4 + 2).astype("float32")
+
+
+def _regression(rows, outputs=2):
+    x = _features(rows)
+    w = np.linspace(-1, 1, x.shape[1] * outputs).reshape(x.shape[1], outputs)
+    return x, (np.tanh(x @ w / 8)).astype("float32")
+
+
+def _tokens(rows, length=7, vocabulary=20, seed=4):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(1, vocabulary, (rows, length))
+    # Trailing padding of varied length, for the masks.
+    for i in range(rows):
+        tokens[i, length - i % 4:] = 0
+    return tokens.astype("int32")
+
+
+def _labels(rows, classes=3, seed=5):
+    return np.random.default_rng(seed).integers(0, classes, rows).astype(
+        "int32")
+
+
+WORDS = ["red", "green", "blue", "cyan", "black", "white", "grey"]
+
+
+def _words(rows, seed=6):
+    rng = np.random.default_rng(seed)
+    return np.array([[WORDS[i]] for i in rng.integers(0, len(WORDS), rows)])
+
+
+def _sentences(rows, seed=7):
+    rng = np.random.default_rng(seed)
+    return np.array([" ".join(WORDS[j] for j in rng.integers(0, 7, 1 + i % 5))
+                     for i in range(rows)])
+
+
+def _head(x, outputs=2, activation=None):
+    return keras.layers.Dense(outputs, activation=activation, name="head")(x)
+
+
+# Each family: (build, data, loss, deterministic). `build()` makes the
+# model, adapting its preprocessing to fixed data; `data(rows)` gives
+# `(x, y)`.
+
+
+def _normalization():
+    inputs = keras.Input((6,))
+    norm = keras.layers.Normalization()
+    norm.adapt(_features(40, seed=11))
+    hidden = keras.layers.Dense(5, activation="relu")(norm(inputs))
+    return keras.Model(inputs, _head(hidden))
+
+
+def _discretization():
+    inputs = keras.Input((6,))
+    bins = keras.layers.Discretization(num_bins=4)
+    bins.adapt(_features(40, seed=12))
+    encoded = keras.layers.Embedding(4, 3)(bins(inputs))
+    return keras.Model(inputs, _head(keras.layers.Flatten()(encoded)))
+
+
+def _integer_lookup():
+    inputs = keras.Input((7,), dtype="int32")
+    lookup = keras.layers.IntegerLookup(output_mode="multi_hot")
+    lookup.adapt(_tokens(30, seed=13))
+    return keras.Model(inputs, _head(lookup(inputs), 3, "softmax"))
+
+
+def _string_lookup():
+    inputs = keras.Input((1,), dtype="string")
+    lookup = keras.layers.StringLookup(output_mode="one_hot")
+    lookup.adapt(_words(30, seed=14))
+    return keras.Model(inputs, _head(lookup(inputs), 3, "softmax"))
+
+
+def _text_vectorization():
+    inputs = keras.Input((), dtype="string")
+    vectorize = keras.layers.TextVectorization(output_sequence_length=5)
+    vectorize.adapt(_sentences(30, seed=15))
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True)(
+        vectorize(inputs))
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    return keras.Model(inputs, _head(pooled, 3, "softmax"))
+
+
+def _hashing_and_encoding():
+    inputs = keras.Input((7,), dtype="int32")
+    hashed = keras.layers.Hashing(num_bins=8)(inputs)
+    encoded = keras.layers.CategoryEncoding(8, output_mode="count")(hashed)
+    return keras.Model(inputs, _head(encoded, 3, "softmax"))
+
+
+def _normalizations():
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(8)(inputs)
+    x = keras.layers.LayerNormalization()(x)
+    x = keras.layers.GroupNormalization(groups=2)(x)
+    x = keras.layers.UnitNormalization()(x)
+    return keras.Model(inputs, _head(x))
+
+
+def _batch_normalization():
+    # Per-device statistics would differ from the template's by design:
+    # checked with sync_batchnorm=True, which pools them.
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(8)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    return keras.Model(inputs, _head(keras.layers.Activation("relu")(x)))
+
+
+def _masked_rnns():
+    inputs = keras.Input((7,), dtype="int32")
+    x = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
+    x = keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True))(x)
+    x = keras.layers.SimpleRNN(3, return_sequences=True)(x)
+    x = keras.layers.LSTM(4)(x)
+    return keras.Model(inputs, _head(x, 3, "softmax"))
+
+
+def _rnn_dropout():
+    inputs = keras.Input((7,), dtype="int32")
+    x = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
+    x = keras.layers.LSTM(4, dropout=0.2, recurrent_dropout=0.1,
+                          return_sequences=True)(x)
+    x = keras.layers.GRU(4, dropout=0.3)(x)
+    return keras.Model(inputs, _head(x, 3, "softmax"))
+
+
+def _masked_attention():
+    inputs = keras.Input((7,), dtype="int32")
+    x = keras.layers.Embedding(20, 8, mask_zero=True)(inputs)
+    x = keras.layers.MultiHeadAttention(2, 4)(x, x, use_causal_mask=True)
+    x = keras.layers.Attention()([x, x])
+    return keras.Model(inputs, _head(keras.layers.GlobalAveragePooling1D()(x),
+                                     3, "softmax"))
+
+
+def _convolutions():
+    inputs = keras.Input((6, 1))
+    x = keras.layers.Conv1D(4, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling1D()(x)
+    x = keras.layers.Conv1D(4, 2, activation="relu")(x)
+    return keras.Model(inputs, _head(keras.layers.GlobalMaxPooling1D()(x)))
+
+
+def _regularizers():
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(
+        5, activation="tanh",
+        kernel_regularizer=keras.regularizers.L2(0.01),
+        bias_regularizer=keras.regularizers.L1(0.01),
+        activity_regularizer=keras.regularizers.L1L2(0.01, 0.02))(inputs)
+    return keras.Model(inputs, _head(x))
+
+
+@keras.saving.register_keras_serializable(package="layer_zoo")
+class SquaredMeanPenalty(keras.layers.Layer):
+    """Adds `rate * mean(x) ** 2` per row as a loss: a mean over the rows."""
+
+    def __init__(self, rate=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = rate
+
+    def call(self, x):
+        self.add_loss(self.rate * keras.ops.mean(
+            keras.ops.square(keras.ops.mean(x, axis=-1))))
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate}
+
+
+def _added_loss():
+    inputs = keras.Input((6,))
+    x = keras.layers.Dense(5, activation="tanh")(inputs)
+    x = SquaredMeanPenalty(0.5)(x)
+    return keras.Model(inputs, _head(x))
+
+
+def _random_layers():
+    inputs = keras.Input((6, 1))
+    x = keras.layers.GaussianNoise(0.1)(inputs)
+    x = keras.layers.SpatialDropout1D(0.2)(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dropout(0.3)(keras.layers.Dense(8, activation="relu")(x))
+    x = keras.layers.GaussianDropout(0.2)(x)
+    x = keras.layers.AlphaDropout(0.1)(x)
+    return keras.Model(inputs, _head(x))
+
+
+def _regression_data(rows):
+    return _regression(rows)
+
+
+def _sequence_data(rows):
+    x, y = _regression(rows)
+    return x[..., None], y
+
+
+def _token_data(rows):
+    return _tokens(rows), _labels(rows)
+
+
+# Keras takes string batches as tensors (not NumPy's str or object arrays).
+def _word_data(rows):
+    return tf.constant(_words(rows)), _labels(rows)
+
+
+def _sentence_data(rows):
+    return tf.constant(_sentences(rows)), _labels(rows)
+
+
+SPARSE = "sparse_categorical_crossentropy"
+FAMILIES = {
+    "normalization": (_normalization, _regression_data, "mse", True),
+    "discretization": (_discretization, _regression_data, "mse", True),
+    "integer_lookup": (_integer_lookup, _token_data, SPARSE, True),
+    "string_lookup": (_string_lookup, _word_data, SPARSE, True),
+    "text_vectorization": (_text_vectorization, _sentence_data, SPARSE,
+                           True),
+    "hashing": (_hashing_and_encoding, _token_data, SPARSE, True),
+    "normalizations": (_normalizations, _regression_data, "mse", True),
+    "batch_normalization": (_batch_normalization, _regression_data, "mse",
+                            True),
+    "masked_rnns": (_masked_rnns, _token_data, SPARSE, True),
+    "rnn_dropout": (_rnn_dropout, _token_data, SPARSE, False),
+    "masked_attention": (_masked_attention, _token_data, SPARSE, True),
+    "convolutions": (_convolutions, _sequence_data, "mse", True),
+    "regularizers": (_regularizers, _regression_data, "mse", True),
+    "add_loss": (_added_loss, _regression_data, "mse", True),
+    "random_layers": (_random_layers, _sequence_data, "mse", False),
+}
+
+
+def _built(name):
+    keras.utils.set_random_seed(21)
+    return FAMILIES[name][0]()
+
+
+def _metrics(loss):
+    return ["accuracy"] if loss == SPARSE else ["mae"]
+
+
+def _compile(model, loss):
+    # SGD with momentum, not Adam: Adam would turn rounding noise in a
+    # gradient that is zero in exact arithmetic (a bias before a
+    # normalization) into steps of the learning rate's size.
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.5),
+                  loss=loss,
+                  metrics=_metrics(loss))
+
+
+def _predictions(model, x, batch_size):
+    return keras.ops.convert_to_numpy(
+        model.predict(x, batch_size=batch_size, verbose=0))
+
+
+def _cases():
+    return [pytest.param(name, engine, schedule,
+                         id=f"{name}-{engine}-{schedule}")
+            for name in FAMILIES for engine in ENGINES
+            for schedule in SCHEDULES]
+
+
+@pytest.mark.parametrize(("name", "engine", "schedule"), _cases())
+def test_a_layer_family_trains_as_on_one_device(name, engine, schedule):
+    _, data, loss, deterministic = FAMILIES[name]
+    rows, batch_size = SCHEDULES[schedule]
+    x, y = data(rows)
+    template, reference = _built(name), _built(name)
+    parallel = multigpu.multi_gpu_model(
+        template, gpus=4, engine=engine,
+        sync_batchnorm=name == "batch_normalization")
+    assert parallel.engine == engine
+
+    np.testing.assert_allclose(_predictions(parallel, x, batch_size),
+                               _predictions(reference, x, batch_size),
+                               atol=TOL, rtol=TOL)
+
+    _compile(parallel, loss)
+    _compile(reference, loss)
+    fit = dict(batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    before = template.get_weights()
+    ours = parallel.fit(x, y, **fit).history
+    if not deterministic:
+        assert np.all(np.isfinite(ours["loss"]))
+        assert all(np.all(np.isfinite(w)) for w in template.get_weights())
+        assert max(np.abs(w - b).max() for w, b in
+                   zip(template.get_weights(), before)) > 1e-4
+        np.testing.assert_allclose(_predictions(parallel, x, batch_size),
+                                   _predictions(template, x, batch_size),
+                                   atol=TOL, rtol=TOL)
+        return
+    theirs = reference.fit(x, y, **fit).history
+    for w, r in zip(template.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(w, r, atol=TOL, rtol=TOL)
+    assert sorted(ours) == sorted(theirs)
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], atol=TOL,
+                                   rtol=TOL, err_msg=key)
