@@ -4,9 +4,9 @@ Each case is a tiny model built around one layer family (preprocessing
 adapted to data, lookups, the normalizations, RNNs with dropout and masks,
 attention with masks, regularizers, `add_loss`, random layers). Built twice
 from one seed, one copy goes through `multi_gpu_model` on 4 devices, the
-other is trained by plain Keras on one device. On each engine and for two
-batch schedules (`SCHEDULES`: batches that split evenly, and an epoch of
-uneven batches ending in fewer rows than devices):
+other is trained by plain Keras on one device. On each engine, with an epoch
+of batches that split evenly, unevenly, and leave a device without rows
+(`BATCHES`):
 
 * predictions equal the template's before training;
 * a deterministic layer trains like the template for two epochs: weights
@@ -25,14 +25,10 @@ import multigpu
 
 TOL = 1e-5
 ENGINES = ("replicate", "mirrored")
-# (rows, batch_size): 4 devices; 16/8 splits every batch 2/2/2/2; 23/10
-# gives two batches split unevenly (2/3/2/3) and a last one of 3 rows,
-# which leaves one device without rows.
-SCHEDULES = {"even": (16, 8), "ragged": (23, 10)}
-
-
-def _rng():
-    return np.random.default_rng(3)
+# One epoch's batches on 4 devices: 8 rows split 2/2/2/2, 10 rows split
+# unevenly (2/3/2/3), and 3 rows, which leave one device without rows.
+BATCHES = (8, 10, 3)
+ROWS = sum(BATCHES)
 
 
 def _features(rows, width=6, seed=3):
@@ -151,9 +147,9 @@ def _batch_normalization():
 def _masked_rnns():
     inputs = keras.Input((7,), dtype="int32")
     x = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
-    x = keras.layers.Bidirectional(keras.layers.GRU(3, return_sequences=True))(x)
-    x = keras.layers.SimpleRNN(3, return_sequences=True)(x)
-    x = keras.layers.LSTM(4)(x)
+    # A masked LSTM alone is in test_zoo.py; each RNN here costs a trace
+    # of its loop per replica.
+    x = keras.layers.Bidirectional(keras.layers.GRU(3))(x)
     return keras.Model(inputs, _head(x, 3, "softmax"))
 
 
@@ -181,6 +177,29 @@ def _convolutions():
     x = keras.layers.MaxPooling1D()(x)
     x = keras.layers.Conv1D(4, 2, activation="relu")(x)
     return keras.Model(inputs, _head(keras.layers.GlobalMaxPooling1D()(x)))
+
+
+def _image_preprocessing():
+    # MaxPooling before a convolution: oneDNN's kernels fail on zero rows.
+    inputs = keras.Input((10, 10, 1))
+    x = keras.layers.Rescaling(0.5, offset=-1.0)(inputs)
+    x = keras.layers.Resizing(8, 8)(x)
+    x = keras.layers.CenterCrop(6, 6)(x)
+    x = keras.layers.Conv2D(3, 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Conv2D(4, 2, activation="relu")(x)
+    return keras.Model(inputs, _head(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+def _image_augmentation():
+    inputs = keras.Input((10, 10, 1))
+    x = keras.layers.RandomFlip()(inputs)
+    x = keras.layers.RandomRotation(0.1)(x)
+    x = keras.layers.RandomZoom(0.1)(x)
+    x = keras.layers.RandomTranslation(0.1, 0.1)(x)
+    x = keras.layers.RandomContrast(0.2)(x)
+    x = keras.layers.Conv2D(3, 3, activation="relu")(x)
+    return keras.Model(inputs, _head(keras.layers.GlobalAveragePooling2D()(x)))
 
 
 def _regularizers():
@@ -237,6 +256,12 @@ def _sequence_data(rows):
     return x[..., None], y
 
 
+def _image_data(rows):
+    images = np.random.default_rng(8).standard_normal((rows, 10, 10, 1))
+    targets = np.tanh(images[:, :5].mean(axis=(1, 2)) * [[1.0, -2.0]])
+    return images.astype("float32"), targets.astype("float32")
+
+
 def _token_data(rows):
     return _tokens(rows), _labels(rows)
 
@@ -266,6 +291,8 @@ FAMILIES = {
     "rnn_dropout": (_rnn_dropout, _token_data, SPARSE, False),
     "masked_attention": (_masked_attention, _token_data, SPARSE, True),
     "convolutions": (_convolutions, _sequence_data, "mse", True),
+    "image_preprocessing": (_image_preprocessing, _image_data, "mse", True),
+    "image_augmentation": (_image_augmentation, _image_data, "mse", False),
     "regularizers": (_regularizers, _regression_data, "mse", True),
     "add_loss": (_added_loss, _regression_data, "mse", True),
     "random_layers": (_random_layers, _sequence_data, "mse", False),
@@ -290,48 +317,57 @@ def _compile(model, loss):
                   metrics=_metrics(loss))
 
 
-def _predictions(model, x, batch_size):
-    return keras.ops.convert_to_numpy(
-        model.predict(x, batch_size=batch_size, verbose=0))
+def _batched(*arrays):
+    """`arrays` as a dataset of `BATCHES`, in order."""
+    parts, start = [], 0
+    for size in BATCHES:
+        parts.append(tf.data.Dataset.from_tensor_slices(
+            tuple(a[start:start + size] for a in arrays)).batch(size))
+        start += size
+    dataset = parts[0]
+    for part in parts[1:]:
+        dataset = dataset.concatenate(part)
+    return dataset
+
+
+def _predictions(model, x):
+    return keras.ops.convert_to_numpy(model.predict(_batched(x), verbose=0))
 
 
 def _cases():
-    return [pytest.param(name, engine, schedule,
-                         id=f"{name}-{engine}-{schedule}")
-            for name in FAMILIES for engine in ENGINES
-            for schedule in SCHEDULES]
+    return [pytest.param(name, engine, id=f"{name}-{engine}")
+            for name in FAMILIES for engine in ENGINES]
 
 
-@pytest.mark.parametrize(("name", "engine", "schedule"), _cases())
-def test_a_layer_family_trains_as_on_one_device(name, engine, schedule):
+@pytest.mark.parametrize(("name", "engine"), _cases())
+def test_a_layer_family_trains_as_on_one_device(name, engine):
     _, data, loss, deterministic = FAMILIES[name]
-    rows, batch_size = SCHEDULES[schedule]
-    x, y = data(rows)
+    x, y = data(ROWS)
     template, reference = _built(name), _built(name)
     parallel = multigpu.multi_gpu_model(
         template, gpus=4, engine=engine,
         sync_batchnorm=name == "batch_normalization")
     assert parallel.engine == engine
 
-    np.testing.assert_allclose(_predictions(parallel, x, batch_size),
-                               _predictions(reference, x, batch_size),
+    np.testing.assert_allclose(_predictions(parallel, x),
+                               _predictions(reference, x),
                                atol=TOL, rtol=TOL)
 
     _compile(parallel, loss)
     _compile(reference, loss)
-    fit = dict(batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    fit = dict(epochs=2, verbose=0)
     before = template.get_weights()
-    ours = parallel.fit(x, y, **fit).history
+    ours = parallel.fit(_batched(x, y), **fit).history
     if not deterministic:
         assert np.all(np.isfinite(ours["loss"]))
         assert all(np.all(np.isfinite(w)) for w in template.get_weights())
         assert max(np.abs(w - b).max() for w, b in
                    zip(template.get_weights(), before)) > 1e-4
-        np.testing.assert_allclose(_predictions(parallel, x, batch_size),
-                                   _predictions(template, x, batch_size),
+        np.testing.assert_allclose(_predictions(parallel, x),
+                                   _predictions(template, x),
                                    atol=TOL, rtol=TOL)
         return
-    theirs = reference.fit(x, y, **fit).history
+    theirs = reference.fit(_batched(x, y), **fit).history
     for w, r in zip(template.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(w, r, atol=TOL, rtol=TOL)
     assert sorted(ours) == sorted(theirs)
