@@ -55,6 +55,21 @@
 #' training on one device. The package's `docs/benchmarks.md` gives its
 #' measured cost.
 #'
+#' @section Losses added by layers, and models with steps of their own:
+#' Layers may add losses while they run (`activity_regularizer`, or
+#' `self$add_loss()` in a custom layer's `call`, as a variational
+#' autoencoder's sampling layer does). Each replica adds its layers' losses on
+#' its share of the batch, and they are combined weighting every replica by
+#' its share of the rows: the whole batch's value for a loss that is a mean
+#' over the rows or does not depend on them. A loss that sums over the rows
+#' should be divided by them, as Keras does for its own.
+#'
+#' A model whose class defines its own `train_step`, `test_step`,
+#' `predict_step`, `compute_loss` or `compute_metrics` is refused with an
+#' error naming them: the engines run Keras's standard steps. Build, compile
+#' and `fit()` such a model inside `with(mirrored_strategy()$scope(), ...)`
+#' instead, where Keras runs its own steps on every device.
+#'
 #' @section Model saving:
 #' `save_model_hdf5()`, `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' (and Keras checkpoint callbacks) act on the template model when given the
