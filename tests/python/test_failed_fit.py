@@ -24,8 +24,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
 ERRORS = {"nan": NonFiniteInputError, "callback": RuntimeError,
           "interrupt": KeyboardInterrupt}
-# A bound on a hang, not a speed target: a collection and a small fit take
-# well under a second here; a stalled iterator took 4 to 60 s.
+# A bound on a hang, not a speed target: a collection takes well under a
+# second, a stalled iterator 4 to 60 s. A mirrored fit alone takes 1 to 4 s
+# on a shared 2-core machine, so the fit after a failure is bounded by a
+# fit before any failure, measured beside it, plus this.
 HANG = 2.0
 
 
@@ -109,6 +111,11 @@ def test_after_three_failed_fits_collecting_and_fitting_again_do_not_hang(rng):
     parallel = _model("mirrored")
     x, y = _data(rng)
     parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    before = []
+    for _ in range(2):
+        start = time.perf_counter()
+        parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        before.append(time.perf_counter() - start)
     took = {}
     for how in ("nan", "callback", "interrupt"):
         error = _failed_fit(parallel, how, x, y)
@@ -122,4 +129,5 @@ def test_after_three_failed_fits_collecting_and_fitting_again_do_not_hang(rng):
         history = parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
         took[how] = (collected, time.perf_counter() - start)
         assert np.isfinite(history.history["loss"]).all()
-    assert all(c < HANG and f < HANG for c, f in took.values()), took
+    assert all(c < HANG and f < max(before) + HANG
+               for c, f in took.values()), (took, before)
