@@ -155,8 +155,16 @@ slurm-up:
 	@$(if $(SUDO),sudo -n) bash .ci/slurm-up.sh || { [ -z "$${CI:-}" ] && \
 	  echo "make: Slurm could not start here; the Slurm tests will skip."; }
 
+# Every measurement, written into docs/bench (the tests of bench/ check
+# only its plumbing, on the smallest inputs): the main comparison, then
+# each question of docs/benchmarks.md in a run of its own.
+BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
+	sync_batchnorm_cost guard_cost
 bench: setup-python
 	$(PY) -m bench --output docs/bench
+	set -e; for side in $(BENCH_SIDES); do \
+	  $(PY) -m bench.$$side --output docs/bench/$$(echo $$side | tr _ -); \
+	done
 
 # The harness runs once so it never rots: it must run and write its outputs
 # (out/bench-quick); the numbers are not checked.
