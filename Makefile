@@ -11,6 +11,10 @@ PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
+# The demo's part of it: the core, TensorFlow and scikit-learn (no root).
+DEMO_STAMP := $(VENV)/.demo-installed
+# rpy2, for the R parity step only (it compiles against R).
+RPY2_STAMP := $(VENV)/.rpy2-installed
 # The R packages R users install (reticulate >= 1.42, tensorflow, keras3,
 # tfdatasets), from R_REPOS: CRAN by default. CI, which cannot reach CRAN,
 # points it at a local repository of ../shared/r-vendor (.ci/run).
@@ -44,8 +48,14 @@ PYTEST_WORKERS ?= 2
 .PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
 	test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
-demo: setup-python
+# The core, TensorFlow and scikit-learn only: no apt, no root.
+demo: $(DEMO_STAMP)
 	$(PY) -m multigpu.demo --devices 4
+
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e ".[cpu,demo]"
+	touch $@
 
 # The Debian packages first (one apt step), then pip and R's compiler side
 # by side: each keeps about one core busy.
@@ -59,12 +69,16 @@ setup-debs:
 
 setup-python: $(PY_STAMP)
 
-# rpy2 (the test extra) compiles against R.
-$(PY_STAMP): pyproject.toml
-	bash .ci/apt-install.sh r-base-dev
-	$(PYTHON_BOOT) -m venv $(VENV)
+# Everything the Python steps use; nothing here compiles against R, so
+# no apt and no root (rpy2 comes with the R parity step: $(RPY2_STAMP)).
+$(PY_STAMP): pyproject.toml $(DEMO_STAMP)
 	$(PY) -m pip install --quiet -e ".[cpu,demo,test,docs]"
 	bash .ci/install-hub.sh $(PY)
+	touch $@
+
+# rpy2 compiles against R: after setup-r's Debian packages (r-base-dev).
+$(RPY2_STAMP): $(PY_STAMP) $(R_STAMP)
+	$(PY) -m pip install --quiet -e ".[r-parity]"
 	touch $@
 
 setup-r: $(R_STAMP)
@@ -113,18 +127,25 @@ test-r: setup
 # The shared scenarios through the keras3 R API (R embedded in a pytest
 # process of its own) compared with their Python run, which checks each one
 # with the same checks as test_scenario_python.py.
-test-r-parity: setup
+test-r-parity: setup $(RPY2_STAMP)
 	$(START)
 	$(PY) -m pytest -q tests/python/test_scenario_parity_keras3.py
 	$(END)
 
+# The tarball test-r builds (R CMD build, in .ci/r-check.sh); made by
+# test-r when it is missing or older than the package's sources.
+R_VERSION := $(shell sed -n 's/^Version: *//p' DESCRIPTION)
+R_TARBALL := out/r-check/multigpu_$(R_VERSION).tar.gz
+$(R_TARBALL): DESCRIPTION NAMESPACE $(wildcard R/*.R vignettes/*.Rmd) \
+	  $(shell find python/multigpu -name '*.py')
+	$(MAKE) --no-print-directory test-r
+
 # A fresh R session with nothing configured trains after library(keras3);
-# library(multigpu) (reticulate builds the environment with uv); needs the
-# tarball test-r built.
-test-r-zero-setup: setup
+# library(multigpu) (reticulate builds the environment with uv); installs
+# the tarball test-r built.
+test-r-zero-setup: setup $(R_TARBALL)
 	$(START)
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash .ci/r-zero-setup-test.sh \
-	  $$(ls out/r-check/multigpu_*.tar.gz)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash .ci/r-zero-setup-test.sh $(R_TARBALL)
 	$(END)
 
 # The Slurm tests need a single-node Slurm: .ci/slurm-up.sh installs and
@@ -134,8 +155,16 @@ slurm-up:
 	@$(if $(SUDO),sudo -n) bash .ci/slurm-up.sh || { [ -z "$${CI:-}" ] && \
 	  echo "make: Slurm could not start here; the Slurm tests will skip."; }
 
+# Every measurement, written into docs/bench (the tests of bench/ check
+# only its plumbing, on the smallest inputs): the main comparison, then
+# each question of docs/benchmarks.md in a run of its own.
+BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
+	sync_batchnorm_cost guard_cost
 bench: setup-python
 	$(PY) -m bench --output docs/bench
+	set -e; for side in $(BENCH_SIDES); do \
+	  $(PY) -m bench.$$side --output docs/bench/$$(echo $$side | tr _ -); \
+	done
 
 # The harness runs once so it never rots: it must run and write its outputs
 # (out/bench-quick); the numbers are not checked.

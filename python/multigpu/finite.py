@@ -192,7 +192,7 @@ class Record:
     steps per call of the train function, `taken` counts the steps that
     passed the check, and the step returns it in its logs (`STATUS`), so
     that the error names the failed one. The training step writes them
-    (`noted` in each replica, then `asserted`); `raise_if_found` reads them
+    (`noted` in each replica, then `asserted`); `found_error` reads them
     only after a call failed.
 
     Args:
@@ -274,23 +274,23 @@ class Record:
         with tf.control_dependencies([counted]):
             return passed, tf.identity(self.taken.read_value())
 
-    def raise_if_found(self, position):
-        """Raises the failed step's `NonFiniteInputError`, if one failed.
+    def found_error(self, position):
+        """The failed step's `NonFiniteInputError`, or None if none failed.
 
         Called when the train function raised an error: the guard's
-        assertion, or anything else (then this returns).
+        assertion, or anything else (then this returns None).
 
         Args:
             position: The model's `Position` (the epoch and first batch of
                 the call).
 
-        Raises:
-            NonFiniteInputError: naming the failed step.
+        Returns:
+            A `NonFiniteInputError` naming the failed step, or None.
         """
         copies = self.strategy.experimental_local_results(self.found)
         shares = [copy.numpy() for copy in copies]
         if not any(share.size for share in shares):
-            return
+            return None
         for copy in copies:
             copy.assign(tf.zeros([0], tf.float64))
         offset = 0
@@ -302,7 +302,7 @@ class Record:
         clean = [(0, 0, np.zeros([0], np.int64))] * len(leaves)
         counts = [_counts(share[1:], len(leaves)) if share.size else clean
                   for share in shares]
-        raise Findings(leaves, counts).error(position.at(offset)) from None
+        return Findings(leaves, counts).error(position.at(offset))
 
 
 @dataclasses.dataclass
@@ -433,11 +433,18 @@ def reporting(train_function, record, position):
     """
 
     def train(*args, **kwargs):
+        found = None
         try:
             logs = dict(train_function(*args, **kwargs))
         except tf.errors.InvalidArgumentError:
-            record.raise_if_found(position)
-            raise
+            found = record.found_error(position)
+            if found is None:
+                raise
+        if found is not None:
+            # Raised here, not in the `except` block: TensorFlow's error,
+            # its context, would keep the frames of the failed call, and
+            # with them the input iterator, alive as long as this error.
+            raise found
         if STATUS in logs:
             record.taken_before = logs.pop(STATUS)
         return logs

@@ -306,3 +306,52 @@ def op_callback(callback):
             if not _op_callback_users[key]:
                 del _op_callback_users[key]
                 op_callbacks.remove_op_callback(callback)
+
+
+# A failed `fit`'s input iterators (`multigpu.template.TemplateBacked.fit`).
+
+
+def release_iterator(iterator):
+    """Frees the tf.data iterators inside a `fit`'s input iterator now.
+
+    When `fit` raises, Keras's epoch iterator stays in a reference cycle
+    (its suspended generator refers back to it) and in the frames of the
+    error, and with it the iterator it passed to the train function: a
+    `tf.distribute` `DistributedIterator` (its workers' multi-device
+    iterator and one iterator per device) or a `tf.data` iterator. Freed
+    later by a garbage collection, an aged tf.data iterator can wait up to
+    a minute for its autotuning thread (docs/ci.md). The Python objects
+    stay where they are, emptied: they are never iterated again.
+
+    Args:
+        iterator: What Keras passed to `model.train_function`.
+    """
+    workers = getattr(iterator, "_iterators", None)
+    if isinstance(workers, list):  # tf.distribute's DistributedIterator
+        for worker in workers:
+            _release_owned(getattr(worker, "_iterator", None))
+            worker._iterator = None
+        iterator._iterators = []
+    else:
+        _release_owned(iterator)
+
+
+def _release_owned(iterator):
+    devices = getattr(iterator, "_device_iterators", None)
+    if isinstance(devices, list):  # OwnedMultiDeviceIterator
+        for device_iterator in devices:
+            _release_owned(device_iterator)
+        iterator._device_iterators = []
+        iterator._multi_device_iterator_resource = None
+    elif hasattr(iterator, "_iterator_resource"):  # tf.data's OwnedIterator
+        iterator._iterator_resource = None
+
+
+def drop_cached_evaluation(model):
+    """Frees the validation iterator a failed `fit` left on `model`.
+
+    Keras's `fit` caches its validation data's epoch iterator on the model
+    and deletes it only when it returns; the next `fit` would free it.
+    """
+    if getattr(model, "_eval_epoch_iterator", None) is not None:
+        model._eval_epoch_iterator = None

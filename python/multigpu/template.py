@@ -12,7 +12,7 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import finite, inputs, saving, training_step
+from multigpu import finite, inputs, internals, saving, training_step
 from multigpu import strategy as strategy_lib
 from multigpu.functional import callable_graph, layer_name
 from multigpu.messages import literal, setting
@@ -284,6 +284,50 @@ def compile_defaults(model, args, kwargs):
     return (), template_compile_config(model.template) or {}
 
 
+class _FitInputs:
+    """The input iterator the current `fit` last passed to its train function.
+
+    `TemplateBacked.fit` frees it when `fit` raises (`release`), so that it
+    is not freed later by a garbage collection, when freeing it can wait
+    for its tf.data threads (docs/ci.md). Held by the model; the train
+    function's wrapper (`watching`) refers to this object, not the model.
+    """
+
+    def __init__(self):
+        self.calls = []  # one list per `fit` in progress, innermost last
+
+    def seen(self, iterator):
+        if self.calls:
+            self.calls[-1][:] = [iterator]
+
+    @contextlib.contextmanager
+    def freed_on_failure(self, model):
+        """A block (one `fit`) whose iterator is freed if it raises."""
+        seen = []
+        self.calls.append(seen)
+        try:
+            yield
+        except BaseException:
+            for iterator in seen:
+                internals.release_iterator(iterator)
+            internals.drop_cached_evaluation(model)
+            raise
+        finally:
+            seen.clear()
+            self.calls.remove(seen)
+
+
+def watching(train_function, fit_inputs):
+    """`train_function`, telling `fit_inputs` which iterator it was given."""
+
+    def train(*args, **kwargs):
+        if args:
+            fit_inputs.seen(args[0])
+        return train_function(*args, **kwargs)
+
+    return train
+
+
 class TemplateBacked:
     """Compiling, saving and config for models whose weights are a template's.
 
@@ -343,10 +387,14 @@ class TemplateBacked:
     def make_train_function(self, force=False):
         self._guard()  # its variables exist before the step is traced
         super().make_train_function(force)
-        if self.check_finite and self.train_function is not None and not (
-                getattr(self.train_function, "reports_nonfinite", False)):
-            self.train_function = finite.reporting(self.train_function,
-                                                   *self._guard())
+        function = self.train_function
+        if function is not None and not getattr(function, "multigpu_wrapped",
+                                                False):
+            function = watching(function, self._fit_inputs())
+            if self.check_finite:
+                function = finite.reporting(function, *self._guard())
+            function.multigpu_wrapped = True
+            self.train_function = function
         return self.train_function
 
     def _guard(self):
@@ -358,6 +406,13 @@ class TemplateBacked:
             guard = self.__dict__["_guard_parts"] = (
                 finite.Record(self.distribute_strategy), finite.Position())
         return guard
+
+    def _fit_inputs(self):
+        """This model's `_FitInputs`, made once (kept out of Keras's tracking)."""
+        fit_inputs = self.__dict__.get("_fit_inputs_parts")
+        if fit_inputs is None:
+            fit_inputs = self.__dict__["_fit_inputs_parts"] = _FitInputs()
+        return fit_inputs
 
     def copy_to_template(self, optimizer_state=False):
         """Copies what this model trained into the template.
@@ -381,8 +436,12 @@ class TemplateBacked:
         position = self._guard()[1]
         args, kwargs = with_callbacks(self, args, kwargs,
                                       [position, *self.fit_callbacks()])
+        # A failed `fit` frees its input iterator before it raises (see
+        # `_FitInputs`): nothing waits on it later.
         try:
-            return inputs.checked_call(self, "fit", super().fit, args, kwargs)
+            with self._fit_inputs().freed_on_failure(self):
+                return inputs.checked_call(self, "fit", super().fit, args,
+                                           kwargs)
         finally:
             # A failed `fit` ends without `on_train_end`.
             position.clear()

@@ -20,11 +20,11 @@ import pytest  # noqa: E402
 def _seeded():
     keras.utils.set_random_seed(1234)
     yield
-    # A mirrored-engine fit that raises mid-epoch leaves its tf.data iterator
-    # with live prefetch threads in a reference cycle, and freeing it waits
-    # minutes for those threads (docs/ci.md). Collected here, the wait falls
-    # in the teardown of the test that left it, which --durations names,
-    # not in whichever later test a collection happens to run.
+    # Freeing an aged tf.data iterator can wait up to a minute for its
+    # threads (docs/tf-data-stall.md); a failed fit frees its own before it
+    # raises. Garbage is collected here, so that any other such wait falls
+    # in the teardown of the test that left the iterator, which --durations
+    # names, not in whichever later test a collection happens to run.
     gc.collect()
 
 

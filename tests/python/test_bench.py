@@ -243,3 +243,18 @@ def test_the_sync_batchnorm_cost_pairs_the_two_settings():
     table = sync_batchnorm_cost.markdown([row]).splitlines()
     assert table[-1].startswith("| bn_mlp | replicate | 2 | ")
     keras.utils.clear_session()
+
+
+def test_the_guard_cost_benchmark_pairs_guarded_and_unguarded_steps():
+    # The smallest run whose intervals exist: 3 rounds (2 give none), the
+    # smallest workload, 2 devices; never how fast.
+    from bench import guard_cost
+    from conftest import DEVICES
+
+    row = guard_cost.measure("demo", DEVICES[:2], "replicate", rounds=3)
+    assert row["on_ms"] > 0 and row["off_ms"] > 0
+    assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    # Two unguarded twins give the run's null ratio, beside the guard's.
+    assert row["twins"] == 2
+    assert row["null_low"] <= row["null_ratio"] <= row["null_high"]
+    assert "| demo | replicate | 2 |" in guard_cost.markdown([row])

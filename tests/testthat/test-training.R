@@ -105,3 +105,53 @@ test_that("keras3's gradient_accumulation_steps equals one step on the larger ba
     expect_equal(as.numeric(parallel$optimizer$iterations$numpy()), 2)
   }
 })
+
+test_that("after each of three failed fit() calls, collecting and fitting again do not hang", {
+  # A failed fit() frees its tf.data iterator before the error reaches R;
+  # freed later by a garbage collection it could wait up to a minute
+  # (docs/ci.md). 2 s bounds a hang: a collection takes well under 1 s; the
+  # fit after a failure is bounded by a fit before any, measured here (a
+  # mirrored fit alone takes 1 to 4 s on a shared 2-core machine), plus 2 s.
+  skip_if_no_multigpu()
+  parallel <- multi_gpu_model(tiny_model(), gpus = 2, engine = "mirrored")
+  parallel |> compile(optimizer = "sgd", loss = "sparse_categorical_crossentropy")
+  x <- iris_x(1:32)
+  y <- iris_y(1:32)
+  parallel |> fit(x, y, batch_size = 8, epochs = 1, verbose = 0)
+  before <- max(vapply(1:2, function(i) system.time(
+    parallel |> fit(x, y, batch_size = 8, epochs = 1, verbose = 0))[["elapsed"]], 0))
+  raises <- reticulate::py_run_string(paste(
+    "import keras",
+    "class Raises(keras.callbacks.Callback):",
+    "    def __init__(self, error):",
+    "        super().__init__()",
+    "        self.error = error",
+    "    def on_train_batch_end(self, batch, logs=None):",
+    "        if batch == 1:",
+    "            raise self.error",
+    sep = "\n"), local = TRUE)$Raises
+  builtins <- reticulate::import_builtins()
+  failures <- list(
+    na = list(x = replace(x, cbind(12, 1), NA), callbacks = list()),
+    callback = list(x = x, callbacks = list(raises(builtins$RuntimeError("stopped")))),
+    interrupt = list(x = x, callbacks = list(raises(builtins$KeyboardInterrupt("stopped")))))
+  python_gc <- reticulate::import("gc")
+  for (how in names(failures)) {
+    failure <- failures[[how]]
+    caught <- tryCatch({
+      fit(parallel, failure$x, y, batch_size = 8, epochs = 2, shuffle = FALSE,
+          verbose = 0, callbacks = failure$callbacks)
+      NULL
+    }, error = identity, interrupt = identity)
+    expect_true(inherits(caught, c("error", "interrupt")), label = how)
+    Sys.sleep(1)  # the session shows the error; the iterator ages
+    rm(caught)
+    collected <- system.time({gc(); python_gc$collect()})[["elapsed"]]
+    fitted <- system.time(
+      history <- parallel |> fit(x, y, batch_size = 8, epochs = 1, verbose = 0)
+    )[["elapsed"]]
+    expect_lt(collected, 2, label = paste(how, "collection"))
+    expect_lt(fitted, before + 2, label = paste(how, "next fit()"))
+    expect_true(all(is.finite(history$metrics$loss)), label = how)
+  }
+})
