@@ -15,7 +15,7 @@ from multigpu import devices as devices_lib
 from multigpu import scaling
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_flag
-from multigpu.copies import copy_model
+from multigpu.copies import check_copy, copy_model
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
 from multigpu.messages import api, literal, literals, setting
@@ -84,18 +84,22 @@ def relocate_to_cpu(model):
     The weights are copied over, not re-created: re-created weights would
     lose what the model has learned (keras-team/keras#11313). The copy is
     `copies.copy_model`'s: a KerasHub task stays a task of its class, a
-    `Lambda` layer of this session is kept as it is.
+    `Lambda` layer of this session is kept as it is, and an adapted
+    preprocessing layer keeps its state. A copy that computes otherwise
+    (state no hand-over carries) is refused (`copies.check_copy`).
     """
+    fix = (f"Build the model under tf.device('/cpu:0') instead and keep "
+           f"{setting('cpu_relocation', False)}.")
     try:
         with tf.device(HOST_DEVICE):
             clone = copy_model(model)
     except ValueError as error:
         raise ValueError(
             f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
-            f"be cloned ({error}). Build the model under "
-            f"tf.device('/cpu:0') instead and keep {setting('cpu_relocation', False)}."
-        ) from None
+            f"be cloned ({error}). {fix}") from None
     clone.set_weights(model.get_weights())
+    check_copy(model, clone, fix=fix, invalid=(
+        f"Invalid `model` for {setting('cpu_relocation', True)}"))
     return clone
 
 
