@@ -230,20 +230,33 @@ def check_copy(model, copy, invalid, fix):
     ...            fix="Use engine='replicate', which needs no copy.")
     """
     difference = copy_difference(model, copy)
-    if difference is None:
-        return
+    if difference is not None:
+        raise CopyMismatch(
+            f"{invalid}: {mismatch_text(model, difference)} {fix}",
+            difference)
+
+
+def mismatch_text(model, difference):
+    """What a `CopyDifference` means, in sentences, the fix left out.
+
+    Args:
+        model: The model copied.
+        difference: Where its copy differs (`copy_difference`).
+
+    Returns:
+        The text `check_copy` raises, between its `invalid` and `fix`.
+    """
     if difference.error is not None:
         what = (f"fails on a probe batch where {literal(model.name)} runs "
                 f"({difference.error})")
     else:
         what = ("gives other outputs than the model on a probe batch in "
                 f"inference (largest difference {difference.difference:.3g})")
-    raise CopyMismatch(
-        f"{invalid}: the copy of {literal(model.name)} it needs {what}; "
+    return (
+        f"the copy of {literal(model.name)} {what}; "
         f"{difference.layer} computes otherwise in the copy. Its config "
         "and saved state (variables, assets) do not hold all of its state, "
-        f"e.g. an attribute set after the layer was made. {fix}",
-        difference)
+        "e.g. an attribute set after the layer was made.")
 
 
 def probe_batch(model):
