@@ -271,9 +271,12 @@ def _put_back(model):
     attributes = dict(model.__dict__)
     # Keras tracks metrics, layers and variables in lists and dicts it
     # keeps as attributes; compiling again appends to them in place.
-    contents = {key: (list(value) if isinstance(value, list) else dict(value))
+    # (`type`, not `isinstance`: TensorFlow's tracking proxies pass for
+    # dicts without being ones.)
+    contents = {key: (list(value) if issubclass(type(value), list)
+                      else dict(value))
                 for key, value in attributes.items()
-                if isinstance(value, (list, dict))}
+                if issubclass(type(value), (list, dict))}
     try:
         yield
     finally:
@@ -322,10 +325,10 @@ def _optimizer_state(optimizer):
             for v in optimizer.variables]
 
 
-def _train_reference(model, x, y, batch_size, device, arguments):
+def _train_reference(model, x, y, batch_size, device):
     """`model` itself trained on `device`, then put back (`_put_back`)."""
     with _put_back(model), tf.device(device):
-        model.compile(**arguments)
+        model.compile(**_compile_arguments(model))
         logs = _train(model, x, y, batch_size)
         return _Trained(logs, model.get_weights(),
                         _optimizer_state(model.optimizer))
@@ -341,7 +344,7 @@ class _Engine:
     mismatch: CopyMismatch = None
 
 
-def _train_engine(model, x, y, batch_size, devices, engine, arguments,
+def _train_engine(model, x, y, batch_size, devices, engine,
                   sync_batchnorm=False):
     """`model` trained through `engine` (put back after), or its mismatch.
 
@@ -355,8 +358,9 @@ def _train_engine(model, x, y, batch_size, devices, engine, arguments,
             copy = _strategy_copy(model, strategy)
         except CopyMismatch as mismatch:
             return _Engine(engine, reason, mismatch=mismatch)
+        # The optimizer is made in the scope: its step count is mirrored.
         with strategy.scope():
-            copy.compile(**arguments)
+            copy.compile(**_compile_arguments(model))
         logs = _train(copy, x, y, batch_size)
         return _Engine(engine, reason, _Trained(
             logs, copy.get_weights(), _optimizer_state(copy.optimizer)))
@@ -368,7 +372,7 @@ def _train_engine(model, x, y, batch_size, devices, engine, arguments,
         except CopyMismatch as mismatch:
             return _Engine(engine, f"requested with {setting('engine', engine)}",
                            mismatch=mismatch)
-        parallel.compile(**arguments)
+        parallel.compile(**_compile_arguments(model))
         logs = _train(parallel, x, y, batch_size)
         return _Engine(parallel.engine, parallel.engine_reason, _Trained(
             logs, model.get_weights(), _optimizer_state(parallel.optimizer)))
@@ -634,17 +638,14 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
         return keras.tree.map_structure(lambda a: a[:steps * size], data)
 
     x, y = first(x), first(y)
-    # Made before either run: each compiles the model with other objects.
-    arguments = [_compile_arguments(model) for _ in range(2)]
-    ran = _train_engine(model, x, y, size, devices, engine, arguments[0],
-                        sync_batchnorm)
+    ran = _train_engine(model, x, y, size, devices, engine, sync_batchnorm)
     report = EquivalenceReport(
         equal=False, differences={}, tolerance=tolerance, engine=ran.name,
         devices=list(devices), steps=steps, batch_size=size,
         requested_engine=engine, engine_reason=ran.reason)
     if ran.mismatch is not None:
         return _copy_report(report, model, ran)
-    reference = _train_reference(model, x, y, size, devices[0], arguments[1])
+    reference = _train_reference(model, x, y, size, devices[0])
     compared = _compare(reference, ran.trained, _batchnorm_positions(model))
     report.differences = {name: difference
                           for name, (difference, _) in compared.items()}
