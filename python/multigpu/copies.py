@@ -17,6 +17,7 @@ an error, not wrong numbers.
 """
 
 import collections
+import contextlib
 import math
 import tempfile
 
@@ -114,7 +115,25 @@ def _copy_structure(model):
         config.pop("compile_config", None)
         return keras.saving.deserialize_keras_object(
             config, custom_objects=custom_objects, safe_mode=False)
-    return keras.models.clone_model(model, clone_function=_copy_layer)
+    with _not_compiled(model):
+        return keras.models.clone_model(model, clone_function=_copy_layer)
+
+
+@contextlib.contextmanager
+def _not_compiled(model):
+    """`model` seen as not compiled, while `clone_model` copies it.
+
+    `clone_model` compiles the copy from the model's compile config, which
+    fails on a loss or metric function Keras cannot look up by name; the
+    copy is compiled by its engine, not from that config (as the config
+    path above drops it).
+    """
+    compiled = model.__dict__.get("compiled", False)
+    model.__dict__["compiled"] = False
+    try:
+        yield
+    finally:
+        model.__dict__["compiled"] = compiled
 
 
 def _layers_of(model):

@@ -307,3 +307,19 @@ def test_the_probe_runs_a_keras_hub_task(factory):
     assert all(np.asarray(v).dtype.kind == "i" for v in probe.values())
     task(probe, training=False)
     assert copy_difference(task, task) is None
+
+
+def _squared_error(y_true, y_pred):
+    """A loss function of this session that Keras cannot look up by name."""
+    return ops.square(y_true - y_pred)
+
+
+def test_a_model_compiled_with_a_session_loss_is_copied(rng):
+    # clone_model alone would compile the copy from the compile config.
+    template = _with_session_lambda()
+    template.compile(optimizer="sgd", loss=_squared_error)
+    copy = copy_model(template)
+    assert not copy.compiled and template.compiled
+    x = rng.standard_normal((4, 4)).astype("float32")
+    np.testing.assert_allclose(np.asarray(copy(x)), np.asarray(template(x)),
+                               atol=TOL)
