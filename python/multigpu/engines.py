@@ -164,7 +164,9 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             2 GPUs, the mirrored engine on 3 or more GPUs
             (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
             back to the replicate engine, with a warning naming why, when
-            `cpu_merge=False` or the model cannot be copied. With
+            `cpu_merge=False` or the model cannot be copied (or its copy,
+            checked on a probe batch, computes otherwise: a layer whose
+            state neither its config nor Keras's saved state holds). With
             `sync_batchnorm=True` and a model the replicate engine cannot
             walk (BatchNormalization inside a subclassed model or layer) it
             runs the mirrored engine.

@@ -168,6 +168,12 @@ class MirroredModel(TemplateBacked, keras.Model):
         sync_batchnorm: Pool BatchNormalization's statistics across the
             replicas in training (`sync_batchnorm.synchronize`), so they are
             those of the whole batch.
+
+    Raises:
+        ValueError: if `template` cannot be copied, or its copy (every
+            layer's state carried by `copies.copy_model`) gives other
+            outputs than `template` on a probe batch
+            (`copies.CopyMismatch`, naming the first layer that differs).
     """
 
     config_keys = ("devices", "sync_batchnorm")
