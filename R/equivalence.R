@@ -1,14 +1,21 @@
 #' Does training on several devices give one device's numbers?
 #'
-#' Trains two copies of a compiled model for `steps` steps on the same
-#' batches, in the same order (the first `steps * batch_size` rows of `x`,
-#' not shuffled): one on a single device, the other through `engine`, and
-#' compares what they logged and learned. `"replicate"` and `"mirrored"` are
-#' the engines of [multi_gpu_model()]; `"strategy"` builds the copy from the
-#' model's config and weights under [mirrored_strategy()]'s scope and trains
-#' it with keras3's own `fit()`. Both copies start from the model's weights,
-#' with a new optimizer of the model's optimizer's class and settings and the
-#' model's loss and metrics; `model` itself is not trained.
+#' Trains a compiled model for `steps` steps on the same batches, in the
+#' same order (the first `steps * batch_size` rows of `x`, not shuffled),
+#' twice: on a single device, and through `engine`, and compares what they
+#' logged and learned. `"auto"` (the default), `"replicate"` and
+#' `"mirrored"` are the engines of [multi_gpu_model()] (`"auto"` runs the
+#' one [multi_gpu_model()] runs by default on these devices);
+#' `"strategy"` copies the model under [mirrored_strategy()]'s scope and
+#' trains the copy with keras3's own `fit()`. The one-device run is `model`
+#' itself, not a copy, so an engine's copy that lost some of the model's
+#' state (an adapted normalization's mean, a lookup's vocabulary, an
+#' attribute set on a layer after it was made) cannot agree with a copy
+#' that lost the same: such a copy is reported as the difference `copy`.
+#' Both runs start from the model's weights, with a new optimizer of the
+#' model's optimizer's class and settings and the model's loss and metrics;
+#' afterwards `model` is as it was (weights, optimizer and its state,
+#' compiled loss and metrics).
 #'
 #' A quantity agrees when its largest absolute difference is at most
 #' `tolerance * max(1, largest absolute value of the one-device copy)`.
@@ -26,7 +33,9 @@
 #' @param y Targets for `x` (a factor is sent as 0-based class codes).
 #' @param gpus The devices, as for [multi_gpu_model()]: `NULL` (every GPU,
 #'   or every logical CPU device), a count >= 2, GPU ids or device names.
-#' @param engine `"replicate"` (the default), `"mirrored"` or `"strategy"`.
+#' @param engine `"auto"` (the default: the engine [multi_gpu_model()]
+#'   runs by default on these devices; the report's `engine` says which),
+#'   `"replicate"`, `"mirrored"` or `"strategy"`.
 #' @param steps Training steps to compare, a whole number >= 1.
 #' @param batch_size Rows per step (the global batch); `NULL` takes the
 #'   largest multiple of the device count that leaves `steps` batches in
@@ -40,11 +49,14 @@
 #'   (`TRUE` when every quantity agrees), `differences` (a named numeric
 #'   vector, the largest absolute difference of `loss`, each metric,
 #'   `weights`, `batchnorm_statistics` (moving means and variances, only for
-#'   models with batch normalization) and `optimizer_state`), `tolerance`,
-#'   `first_difference` (the first quantity that differs, or `NULL`),
-#'   `cause` (its likely cause and fix, or `NULL`), `engine`, `devices`,
-#'   `steps` and `batch_size`. Printing it names the first quantity that
-#'   differs and its likely cause.
+#'   models with batch normalization) and `optimizer_state`; only `copy`
+#'   when the engine's copy of the model computes otherwise before any
+#'   training), `tolerance`, `first_difference` (the first quantity that
+#'   differs, or `NULL`), `cause` (its likely cause and fix, or `NULL`),
+#'   `engine` (the engine that ran), `requested_engine` (the `engine`
+#'   argument), `engine_reason` (why that engine ran), `devices`, `steps`
+#'   and `batch_size`. Printing it names the engine, the first quantity
+#'   that differs and its likely cause.
 #' @family multi-device training
 #' @export
 #' @examplesIf multigpu::is_multigpu_available() && requireNamespace("keras3", quietly = TRUE)
@@ -59,10 +71,12 @@
 #' x <- as.matrix(iris[, 1:4])
 #' report <- check_equivalence(model, x, iris$Species, gpus = 2)
 #' report$equal
+#' report$engine   # the engine "auto" chose
 #' report$differences
 #' report   # prints the first quantity that differs, if any, and why
 check_equivalence <- function(model, x, y, gpus = NULL,
-                              engine = c("replicate", "mirrored", "strategy"),
+                              engine = c("auto", "replicate", "mirrored",
+                                         "strategy"),
                               steps = 3, batch_size = NULL, tolerance = 1e-4,
                               sync_batchnorm = FALSE) {
   check_model(model)
@@ -85,6 +99,8 @@ check_equivalence <- function(model, x, y, gpus = NULL,
          first_difference = report$first_difference,
          cause = report$cause,
          engine = report$engine,
+         requested_engine = report$requested_engine,
+         engine_reason = report$engine_reason,
          devices = unlist(report$devices),
          steps = as.integer(report$steps),
          batch_size = as.integer(report$batch_size),
@@ -95,9 +111,10 @@ check_equivalence <- function(model, x, y, gpus = NULL,
 
 #' Print what check_equivalence() found
 #'
-#' Prints the number of steps and rows compared, whether the copies agree,
-#' the largest difference of every quantity, and, when one differs, the
-#' first that does and its likely cause, in R terms.
+#' Prints the number of steps and rows compared, the engine (with
+#' `engine = "auto"`, the one it chose and why), whether the two runs
+#' agree, the largest difference of every quantity, and, when one differs,
+#' the first that does and its likely cause, in R terms.
 #'
 #' @param x What [check_equivalence()] returned.
 #' @param ... Unused.

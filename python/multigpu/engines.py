@@ -15,7 +15,7 @@ from multigpu import devices as devices_lib
 from multigpu import scaling
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_flag
-from multigpu.copies import copy_model
+from multigpu.copies import check_copy, copy_model
 from multigpu.forward import HOST_DEVICE
 from multigpu.functional import callable_graph
 from multigpu.messages import api, literal, literals, setting
@@ -85,18 +85,22 @@ def relocate_to_cpu(model):
     The weights are copied over, not re-created: re-created weights would
     lose what the model has learned (keras-team/keras#11313). The copy is
     `copies.copy_model`'s: a KerasHub task stays a task of its class, a
-    `Lambda` layer of this session is kept as it is.
+    `Lambda` layer of this session is kept as it is, and an adapted
+    preprocessing layer keeps its state. A copy that computes otherwise
+    (state no hand-over carries) is refused (`copies.check_copy`).
     """
+    fix = (f"Build the model under tf.device('/cpu:0') instead and keep "
+           f"{setting('cpu_relocation', False)}.")
     try:
         with tf.device(HOST_DEVICE):
             clone = copy_model(model)
     except ValueError as error:
         raise ValueError(
             f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
-            f"be cloned ({error}). Build the model under "
-            f"tf.device('/cpu:0') instead and keep {setting('cpu_relocation', False)}."
-        ) from None
+            f"be cloned ({error}). {fix}") from None
     clone.set_weights(model.get_weights())
+    check_copy(model, clone, fix=fix, invalid=(
+        f"Invalid `model` for {setting('cpu_relocation', True)}"))
     return clone
 
 
@@ -161,7 +165,9 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             2 GPUs, the mirrored engine on 3 or more GPUs
             (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
             back to the replicate engine, with a warning naming why, when
-            `cpu_merge=False` or the model cannot be copied. With
+            `cpu_merge=False` or the model cannot be copied (or its copy,
+            checked on a probe batch, computes otherwise: a layer whose
+            state neither its config nor Keras's saved state holds). With
             `sync_batchnorm=True` and a model the replicate engine cannot
             walk (BatchNormalization inside a subclassed model or layer) it
             runs the mirrored engine.

@@ -1,19 +1,24 @@
 """Is multi-device training right? `check_equivalence` trains and compares.
 
-`check_equivalence(model, x, y, gpus, engine)` trains two copies of a
-compiled model for a few steps on the same batches, in the same order: the
-reference on one device, the other through an engine (`"replicate"` or
-`"mirrored"`, as `multi_gpu_model` runs them, or `"strategy"`: Keras's own
-`fit` under `mirrored_strategy()`). Both copies start from the model's
-weights, with a fresh optimizer of the model's config and the same loss and
-metrics; the model itself is not trained. The report says whether the two
-agree, quantity by quantity, and names the first one that differs with its
-likely cause: a layer whose output depends on the rows it sees
+`check_equivalence(model, x, y, gpus, engine)` trains a compiled model for
+a few steps on the same batches, in the same order, twice: on one device,
+and through an engine (`"auto"`, `"replicate"` or `"mirrored"`, as
+`multi_gpu_model` runs them, or `"strategy"`: Keras's own `fit` under
+`mirrored_strategy()`). The one-device reference is the model itself, not
+a copy: a copy that lost state (an adapted `Normalization`'s mean, a
+lookup's vocabulary) would agree with an engine that trains the same
+lossy copy. Both runs start from the model's weights, with a fresh
+optimizer of the model's config and the same loss and metrics; the
+model's weights, optimizer and compile state are put back afterwards. The
+report says whether the two agree, quantity by quantity, and names the
+first one that differs with its likely cause: a copy the engine made that
+computes otherwise, a layer whose output depends on the rows it sees
 (BatchNormalization normalizes each device's share with that share's
 statistics), random layers, or a loss summed over the rows instead of
 averaged under a strategy.
 """
 
+import contextlib
 import dataclasses
 import math
 
@@ -22,14 +27,20 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import internals
 from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int
-from multigpu.engines import multi_gpu_model
+from multigpu.copies import CopyMismatch, check_copy, copy_model, mismatch_text
+from multigpu.engines import DEFAULT_ENGINE, multi_gpu_model
 from multigpu.functional import callable_graph
 from multigpu.messages import api, current_language, literal, literals, setting
 from multigpu.sync_batchnorm import check_sync_batchnorm
+from multigpu.template import built_like
 
-ENGINES = ("replicate", "mirrored", "strategy")
+ENGINES = ("auto", "replicate", "mirrored", "strategy")
+# The quantity a report names when the engine's copy of the model computes
+# otherwise before any training: nothing else can be compared then.
+COPY = "copy"
 DEFAULT_TOLERANCE = 1e-4
 BATCHNORM_STATISTICS = "batchnorm_statistics"
 # The order in which quantities are compared and reported; metrics follow
@@ -50,15 +61,22 @@ class EquivalenceReport:
             means and variances; only for models with BatchNormalization)
             and `"optimizer_state"` (the optimizer's variables). Loss and
             metrics are compared after every step, the rest after the last.
+            When the engine's copy of the model computes otherwise before
+            any training, only `"copy"`: the largest difference of its
+            outputs (`inf` when it fails).
         tolerance: A quantity agrees when its largest difference is at most
             `tolerance * max(1, largest absolute reference value)`.
-        engine: `"replicate"`, `"mirrored"` or `"strategy"`.
+        engine: The engine that ran: `"replicate"`, `"mirrored"` or
+            `"strategy"` (with `engine="auto"`, the one it chose).
         devices: The devices the engine trained on.
         steps: Training steps compared.
         batch_size: Rows of each step's batch (the global batch).
         first_difference: The first quantity (in the order of
             `differences`) that does not agree, or None.
         cause: The likely cause of that difference, with the fix, or None.
+        requested_engine: The `engine` argument: `"auto"` or the engine.
+        engine_reason: Why `engine` ran (`multi_gpu_model`'s
+            `engine_reason`; with `"auto"`, its choice and any fallback).
     """
 
     equal: bool
@@ -70,10 +88,17 @@ class EquivalenceReport:
     batch_size: int
     first_difference: str = None
     cause: str = None
+    requested_engine: str = None
+    engine_reason: str = None
 
     def __str__(self):
+        if self.requested_engine in (None, self.engine):
+            against = setting("engine", self.engine)
+        else:
+            against = (f"{setting('engine', self.requested_engine)} (the "
+                       f"{self.engine} engine)")
         head = (f"{self.steps} training steps of {self.batch_size} rows, "
-                f"one device against {setting('engine', self.engine)} on "
+                f"one device against {against} on "
                 f"{len(self.devices)} devices: ")
         if self.equal:
             head += f"equal within {setting('tolerance', self.tolerance)}."
@@ -84,6 +109,8 @@ class EquivalenceReport:
         rows = [f"  {name:<{width}}  {_number(value)}"
                 for name, value in self.differences.items()]
         lines = [head, "Largest absolute differences:", *rows]
+        if self.requested_engine not in (None, self.engine):
+            lines.append(f"Engine: {self.engine}, {self.engine_reason}.")
         if self.cause:
             lines.append(f"Likely cause: {self.cause}")
         return "\n".join(lines)
@@ -100,10 +127,10 @@ def _check_engine(engine):
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
             f"Invalid `engine`: received {literal(engine)}; expected one of "
-            f"{literals(list(ENGINES))}: {literal('replicate')} and "
-            f"{literal('mirrored')} are the engines of {api('multi_gpu_model')}, "
-            f"{literal('strategy')} is Keras's fit under "
-            f"{api('mirrored_strategy')}.")
+            f"{literals(list(ENGINES))}: {literal('auto')} (the default), "
+            f"{literal('replicate')} and {literal('mirrored')} are the "
+            f"engines of {api('multi_gpu_model')}, {literal('strategy')} is "
+            f"Keras's fit under {api('mirrored_strategy')}.")
     return engine
 
 
@@ -199,21 +226,72 @@ def _compile_arguments(model):
     return arguments
 
 
-def _copy_of(model):
-    """`model` rebuilt from its config, with its weights, not compiled.
+def _strategy_copy(model, strategy):
+    """`model` copied under `strategy`'s scope, with its weights and state.
 
-    Not `keras.models.clone_model`, which also compiles the copy from the
-    compile config and fails on a loss function Keras cannot look up.
+    Keras's `fit` under a strategy needs variables made in its scope: the
+    copy is `multigpu.copies.copy_model`'s, checked as the mirrored
+    engine checks its own (`check_copy`).
+
+    Raises:
+        CopyMismatch: if the copy computes otherwise than `model`.
+        ValueError: if `model` cannot be copied.
     """
-    try:
-        copy = type(model).from_config(model.get_config())
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise ValueError(
-            f"Invalid `model`: {literal(model.name)} cannot be rebuilt from "
-            f"its config ({error}). A subclassed model needs `get_config` "
-            "and `from_config` that rebuild it.") from None
-    copy.set_weights(model.get_weights())
+    invalid = f"Invalid `model` for {setting('engine', 'strategy')}"
+    with strategy.scope(), built_like(model):
+        try:
+            copy = copy_model(model)
+        except (NotImplementedError, TypeError, ValueError) as error:
+            raise ValueError(
+                f"{invalid}: {literal(model.name)} cannot be rebuilt from "
+                f"its config ({error}). A subclassed model needs "
+                "`get_config` and `from_config` that rebuild it.") from None
+        check_copy(model, copy, invalid=invalid, fix=(
+            f"Build the model inside {api('mirrored_strategy')}'s scope "
+            f"rather than copying it, or use {setting('engine', 'replicate')}."))
     return copy
+
+
+@contextlib.contextmanager
+def _put_back(model):
+    """Leaves `model` as it was: variables, optimizer, compile state.
+
+    The block may compile and train `model` (the one-device reference, the
+    replicate engine's template, the mirrored engine's template compiled
+    alongside it). Afterwards every variable of the model and of its
+    optimizer holds its value from before, and its attributes (optimizer,
+    loss, metrics, compiled functions, the lists Keras tracks them in) are
+    the same objects as before: a later `fit` continues the user's
+    training.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables) + list(
+        getattr(optimizer, "variables", None) or [])
+    values = [np.array(internals.stored_value(v)) for v in variables]
+    attributes = dict(model.__dict__)
+    # Keras tracks metrics, layers and variables in lists and dicts it
+    # keeps as attributes; compiling again appends to them in place.
+    # (`type`, not `isinstance`: TensorFlow's tracking proxies pass for
+    # dicts without being ones.)
+    contents = {key: (list(value) if issubclass(type(value), list)
+                      else dict(value))
+                for key, value in attributes.items()
+                if issubclass(type(value), (list, dict))}
+    try:
+        yield
+    finally:
+        model.__dict__.clear()
+        model.__dict__.update(attributes)
+        for key, saved in contents.items():
+            container = attributes[key]
+            # The containers' own methods would track the items again.
+            if isinstance(container, list):
+                list.__setitem__(container, slice(None), saved)
+            else:
+                dict.clear(container)
+                dict.update(container, saved)
+        for variable, value in zip(variables, values):
+            variable.assign(value)
 
 
 class _StepLogs(keras.callbacks.Callback):
@@ -248,30 +326,56 @@ def _optimizer_state(optimizer):
 
 
 def _train_reference(model, x, y, batch_size, device):
-    with tf.device(device):
-        copy = _copy_of(model)
-        copy.compile(**_compile_arguments(model))
-        logs = _train(copy, x, y, batch_size)
-    return _Trained(logs, copy.get_weights(), _optimizer_state(copy.optimizer))
+    """`model` itself trained on `device`, then put back (`_put_back`)."""
+    with _put_back(model), tf.device(device):
+        model.compile(**_compile_arguments(model))
+        logs = _train(model, x, y, batch_size)
+        return _Trained(logs, model.get_weights(),
+                        _optimizer_state(model.optimizer))
+
+
+@dataclasses.dataclass
+class _Engine:
+    """What trained through an engine: its name, why, and the result."""
+
+    name: str
+    reason: str
+    trained: _Trained = None
+    mismatch: CopyMismatch = None
 
 
 def _train_engine(model, x, y, batch_size, devices, engine,
                   sync_batchnorm=False):
+    """`model` trained through `engine` (put back after), or its mismatch.
+
+    A copy the engine makes that computes otherwise (`CopyMismatch`) is a
+    finding, not an error: the `_Engine` holds it and nothing is trained.
+    """
     if engine == "strategy":
+        reason = f"Keras's own fit under {api('mirrored_strategy')}"
         strategy = strategy_lib.strategy_over(devices)
+        try:
+            copy = _strategy_copy(model, strategy)
+        except CopyMismatch as mismatch:
+            return _Engine(engine, reason, mismatch=mismatch)
+        # The optimizer is made in the scope: its step count is mirrored.
         with strategy.scope():
-            copy = _copy_of(model)
             copy.compile(**_compile_arguments(model))
         logs = _train(copy, x, y, batch_size)
-        return _Trained(logs, copy.get_weights(),
-                        _optimizer_state(copy.optimizer))
-    template = _copy_of(model)
-    parallel = multi_gpu_model(template, gpus=list(devices), engine=engine,
-                               sync_batchnorm=sync_batchnorm)
-    parallel.compile(**_compile_arguments(model))
-    logs = _train(parallel, x, y, batch_size)
-    return _Trained(logs, template.get_weights(),
-                    _optimizer_state(parallel.optimizer))
+        return _Engine(engine, reason, _Trained(
+            logs, copy.get_weights(), _optimizer_state(copy.optimizer)))
+    with _put_back(model):
+        try:
+            parallel = multi_gpu_model(model, gpus=list(devices),
+                                       engine=engine,
+                                       sync_batchnorm=sync_batchnorm)
+        except CopyMismatch as mismatch:
+            return _Engine(engine, f"requested with {setting('engine', engine)}",
+                           mismatch=mismatch)
+        parallel.compile(**_compile_arguments(model))
+        logs = _train(parallel, x, y, batch_size)
+        return _Engine(parallel.engine, parallel.engine_reason, _Trained(
+            logs, model.get_weights(), _optimizer_state(parallel.optimizer)))
 
 
 def _layers(model):
@@ -441,31 +545,38 @@ def _likely_cause(model, x, engine, devices, batch_size, differing,
         "model.")
 
 
-def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
+def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
                       batch_size=None, tolerance=DEFAULT_TOLERANCE,
                       sync_batchnorm=False):
-    """Trains copies of a model on one device and through an engine; compares.
+    """Trains a model on one device and through an engine; compares.
 
-    Both copies start from `model`'s weights, get an optimizer of
+    Both runs start from `model`'s weights, get an optimizer of
     `model.optimizer`'s class and config (fresh state), `model`'s loss and
     metrics, and train for `steps` steps on the same batches in the same
     order (the first `steps * batch_size` rows of `x`, not shuffled). The
-    reference trains on the first device; the other through `engine`:
-    `"replicate"` or `"mirrored"` (`multi_gpu_model(copy, gpus, engine)`),
-    or `"strategy"` (the copy built from `model`'s config and weights and
-    compiled under `mirrored_strategy(gpus)`'s scope, then Keras's own
-    `fit`). `model` is not changed.
+    reference is `model` itself, trained on the first device; the other
+    run goes through `engine`: `"auto"`, `"replicate"` or `"mirrored"`
+    (`multi_gpu_model(model, gpus, engine)`; the mirrored engine trains
+    a copy), or `"strategy"` (a copy made under `mirrored_strategy(gpus)`'s
+    scope, trained by Keras's own `fit`). A copy that computes otherwise
+    than `model` before any training (a layer whose state its config and
+    saved state do not hold) is reported as the difference `"copy"`.
+    Afterwards `model` is as it was: its weights, its optimizer and its
+    state, its compiled loss and metrics.
 
     Args:
-        model: A compiled Keras model (Sequential or functional; a
-            subclassed model needs `get_config`), the template, not a model
+        model: A compiled Keras model (Sequential, functional or
+            subclassed; the mirrored engine and `"strategy"` copy it, which
+            needs `get_config`), the template, not a model
             `multi_gpu_model` returned.
         x: Inputs: an array, or a list or dict of arrays, with at least
             `steps * batch_size` rows.
         y: Targets for `x`.
         gpus: The devices, as for `multi_gpu_model`: `None` (every GPU, or
             every logical CPU device), an int >= 2, ids or device names.
-        engine: `"replicate"`, `"mirrored"` or `"strategy"`.
+        engine: `"auto"` (the default: the engine `multi_gpu_model` runs
+            by default on these devices, `report.engine` says which),
+            `"replicate"`, `"mirrored"` or `"strategy"`.
         steps: Training steps to compare, an int >= 1.
         batch_size: Rows per step (the global batch); `None` takes the
             largest multiple of the device count that leaves `steps`
@@ -480,8 +591,9 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
 
     Returns:
         An `EquivalenceReport`: `equal`, `differences` (quantity -> largest
-        absolute difference), `tolerance`, `first_difference` and `cause`;
-        printing it names the first quantity that differs and its likely
+        absolute difference), `tolerance`, `first_difference`, `cause`,
+        `engine` (the engine that ran) and `engine_reason`; printing it
+        names the engine, the first quantity that differs and its likely
         cause.
 
     Raises:
@@ -494,10 +606,9 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
     Example:
     >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
     ...               metrics=["accuracy"])
-    >>> report = multigpu.check_equivalence(model, x, y, gpus=4,
-    ...                                     engine="mirrored")
-    >>> report.equal
-    True
+    >>> report = multigpu.check_equivalence(model, x, y, gpus=4)
+    >>> report.equal, report.engine
+    (True, 'replicate')
     >>> print(report)   # the largest difference of every quantity
     """
     _check_model(model)
@@ -527,18 +638,40 @@ def check_equivalence(model, x, y, gpus=None, engine="replicate", steps=3,
         return keras.tree.map_structure(lambda a: a[:steps * size], data)
 
     x, y = first(x), first(y)
+    ran = _train_engine(model, x, y, size, devices, engine, sync_batchnorm)
+    report = EquivalenceReport(
+        equal=False, differences={}, tolerance=tolerance, engine=ran.name,
+        devices=list(devices), steps=steps, batch_size=size,
+        requested_engine=engine, engine_reason=ran.reason)
+    if ran.mismatch is not None:
+        return _copy_report(report, model, ran)
     reference = _train_reference(model, x, y, size, devices[0])
-    other = _train_engine(model, x, y, size, devices, engine, sync_batchnorm)
-    compared = _compare(reference, other, _batchnorm_positions(model))
-    differences = {name: difference
-                   for name, (difference, _) in compared.items()}
+    compared = _compare(reference, ran.trained, _batchnorm_positions(model))
+    report.differences = {name: difference
+                          for name, (difference, _) in compared.items()}
     differing = [name for name, (difference, scale) in compared.items()
                  if not difference <= tolerance * max(1.0, scale)]
-    report = EquivalenceReport(
-        equal=not differing, differences=differences, tolerance=tolerance,
-        engine=engine, devices=list(devices), steps=steps, batch_size=size)
+    report.equal = not differing
     if differing:
         report.first_difference = differing[0]
-        report.cause = _likely_cause(model, x, engine, devices, size,
+        report.cause = _likely_cause(model, x, ran.name, devices, size,
                                      differing, sync_batchnorm)
+    return report
+
+
+def _copy_report(report, model, ran):
+    """The report of an engine whose copy of `model` computes otherwise."""
+    difference = ran.mismatch.difference
+    report.differences = {COPY: difference.difference}
+    report.first_difference = COPY
+    fix = (f"Use {setting('engine', 'replicate')}, which trains the model "
+           "itself" if ran.name != "strategy" else
+           f"Build the model inside {api('mirrored_strategy')}'s scope "
+           f"rather than copying it, or use {setting('engine', 'replicate')}")
+    report.cause = (
+        f"{setting('engine', ran.name)} trains a copy of the model, which "
+        f"computes otherwise before any training: "
+        f"{mismatch_text(model, difference)} {fix}; or give the layer a "
+        "config (get_config) or saved state (save_own_variables) that "
+        "holds that state.")
     return report

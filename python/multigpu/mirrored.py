@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from multigpu import accumulation as accumulation_lib
 from multigpu import strategy as strategy_lib
-from multigpu.copies import copy_model
+from multigpu.copies import check_copy, copy_model
 from multigpu.distributed import weighted_by_rows
 from multigpu.forward import flat_forward, with_logits
 from multigpu.functional import callable_graph, layer_name, output_names
@@ -84,6 +84,24 @@ def _check_same_weights(template, replica):
             f"be copied weight for weight ({mismatched[:3]}). Use "
             f"{setting('engine', 'replicate')}, which needs no copy."
         )
+
+
+def _check_copy(template, replica):
+    """Refuses a replica that does not compute what the template computes.
+
+    State a layer keeps outside its config and Keras's saved state (an
+    attribute set after construction) does not reach the copy; the
+    replica would train other numbers than the template, silently.
+
+    Raises:
+        copies.CopyMismatch: a ValueError naming the first layer that
+            differs and the replicate engine as the fix.
+    """
+    check_copy(
+        template, replica,
+        invalid=f"Invalid `model` for {setting('engine', 'mirrored')}",
+        fix=(f"Use {setting('engine', 'replicate')}, which trains "
+             f"{literal(template.name)} itself and needs no copy."))
 
 
 def _metric_in_scope(metric):
@@ -150,6 +168,12 @@ class MirroredModel(TemplateBacked, keras.Model):
         sync_batchnorm: Pool BatchNormalization's statistics across the
             replicas in training (`sync_batchnorm.synchronize`), so they are
             those of the whole batch.
+
+    Raises:
+        ValueError: if `template` cannot be copied, or its copy (every
+            layer's state carried by `copies.copy_model`) gives other
+            outputs than `template` on a probe batch
+            (`copies.CopyMismatch`, naming the first layer that differs).
     """
 
     config_keys = ("devices", "sync_batchnorm")
@@ -175,6 +199,7 @@ class MirroredModel(TemplateBacked, keras.Model):
             if sync_batchnorm:
                 synchronize(replica)
             replica.set_weights(template.get_weights())
+            _check_copy(template, replica)
             kwargs.setdefault("name", f"{template.name}_mirrored")
             graph = callable_graph(replica)
             names = output_names(callable_graph(template))

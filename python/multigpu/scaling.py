@@ -182,7 +182,8 @@ def auto_engine(devices, cpu_merge=True):
 
     The predicted winner (`choose_engine`), unless an argument rules it
     out: `cpu_merge=False` places a merge step that only the replicate
-    engine has. A model the mirrored engine cannot copy is found only when
+    engine has. A model the mirrored engine cannot copy, or whose copy
+    computes otherwise (`multigpu.copies.check_copy`), is found only when
     the copy is made (`multi_gpu_model` falls back then).
 
     Args:

@@ -2,6 +2,8 @@
 set-ups (BatchNormalization on per-device shares, a loss averaged by the
 user under a strategy) are reported with their cause."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -56,6 +58,7 @@ def test_a_correct_model_is_equal_on_every_engine(engine, rng):
     assert all(0 <= d <= 1e-5 for d in report.differences.values())
     assert report.first_difference is None and report.cause is None
     assert (report.steps, report.batch_size, len(report.devices)) == (3, 16, 4)
+    assert report.engine == report.requested_engine == engine
     assert "equal within tolerance=0.0001" in str(report)
     # The model itself is not trained, nor its optimizer used.
     for a, b in zip(before, model.get_weights()):
@@ -223,8 +226,8 @@ def test_bad_arguments_are_refused_with_the_fix(rng):
     with pytest.raises(ValueError, match="is not compiled"):
         check_equivalence(model, x, y, gpus=2)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    with pytest.raises(ValueError, match="Invalid `engine`: received 'auto'"):
-        check_equivalence(model, x, y, gpus=2, engine="auto")
+    with pytest.raises(ValueError, match="Invalid `engine`: received 'nccl'"):
+        check_equivalence(model, x, y, gpus=2, engine="nccl")
     with pytest.raises(ValueError, match="Invalid `steps`"):
         check_equivalence(model, x, y, gpus=2, steps=0)
     with pytest.raises(ValueError, match="rows are too few"):
@@ -251,3 +254,132 @@ def test_bad_arguments_are_refused_with_the_fix(rng):
     parallel = multigpu.multi_gpu_model(model, gpus=2)
     with pytest.raises(ValueError, match="its `template`"):
         check_equivalence(parallel, x, y, gpus=2)
+
+
+def test_auto_is_the_default_and_the_report_names_the_engine(rng):
+    x, y = _data(rng)
+    model = _classifier()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    default = inspect.signature(check_equivalence).parameters["engine"]
+    assert default.default == "auto"
+    report = check_equivalence(model, x, y, gpus=4)
+    assert report.equal, str(report)
+    # On logical CPU devices "auto" runs the replicate engine.
+    assert (report.requested_engine, report.engine) == ("auto", "replicate")
+    assert "logical CPU devices" in report.engine_reason
+    text = str(report)
+    assert "one device against engine='auto' (the replicate engine) on 4" in text
+    assert "Engine: replicate, on logical CPU devices" in text
+
+
+def test_the_model_is_put_back_as_it_was(rng):
+    # A model part-way through training: its optimizer has state, and
+    # training goes on after the check as if it had not run.
+    x, y = _data(rng)
+
+    def trained_once():
+        model = _classifier()
+        model.compile(optimizer=keras.optimizers.Adam(0.01),
+                      loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        model.fit(x[:16], y[:16], batch_size=16, epochs=1, verbose=0)
+        return model
+
+    keras.utils.set_random_seed(5)
+    model = trained_once()
+    keras.utils.set_random_seed(5)
+    twin = trained_once()
+    optimizer, metrics = model.optimizer, [m.name for m in model.metrics]
+    compiled = model.get_compile_config()
+    state = [np.array(v) for v in optimizer.variables]
+    for engine in ("replicate", "mirrored"):
+        check_equivalence(model, x, y, gpus=4, engine=engine)
+    assert model.optimizer is optimizer
+    assert [m.name for m in model.metrics] == metrics
+    assert model.get_compile_config() == compiled
+    for before, after in zip(state, optimizer.variables):
+        np.testing.assert_array_equal(before, np.array(after))
+    for a, b in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for trained in (model, twin):
+        trained.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), twin.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# Models whose state a copy could lose: the engines train them as the
+# model itself trains on one device, or the report says they differ.
+
+def _normalized_classifier(rng, x):
+    norm = keras.layers.Normalization(name="norm")
+    norm.adapt(x * 3.0 + 5.0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(norm(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(
+        hidden), name="normalized")
+
+
+def _lookup_classifier(ids):
+    lookup = keras.layers.IntegerLookup(name="ids")
+    lookup.adapt(ids)
+    inputs = keras.Input((3,), dtype="int64")
+    embedded = keras.layers.Embedding(24, 4)(lookup(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(
+        keras.layers.Flatten()(embedded)), name="looked_up")
+
+
+@pytest.mark.parametrize("engine", ["auto", *ENGINES])
+def test_adapted_preprocessing_trains_alike_on_every_engine(engine, rng):
+    x, y = _data(rng)
+    x = x * 3.0 + 5.0
+    model = _normalized_classifier(rng, x)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, x, y, gpus=4, engine=engine)
+    assert report.equal, str(report)
+    ids = rng.integers(100, 120, (48, 3))
+    model = _lookup_classifier(ids)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    report = check_equivalence(model, ids, y, gpus=4, engine=engine)
+    assert report.equal, str(report)
+
+
+class _Scale(keras.layers.Layer):
+    """Multiplies by `scale`, an attribute its config does not hold."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.scale = 1.0
+
+    def call(self, inputs):
+        return inputs * self.scale
+
+
+def _scaled_classifier():
+    inputs = keras.Input((6,))
+    scale = _Scale(name="scaled")
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(
+        scale(hidden)), name="scaled_model")
+    scale.scale = 3.0
+    return model
+
+
+@pytest.mark.parametrize("engine", ["auto", *ENGINES])
+def test_state_a_copy_loses_is_reported(engine, rng):
+    x, y = _data(rng)
+    model = _scaled_classifier()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    before = model.get_weights()
+    report = check_equivalence(model, x, y, gpus=4, engine=engine)
+    if report.engine == "replicate":
+        # The replicate engine trains the model itself: nothing is lost.
+        assert report.equal, str(report)
+    else:
+        assert not report.equal
+        assert report.first_difference == "copy"
+        assert report.differences["copy"] > 0.1
+        assert "layer 'scaled' (_Scale) computes otherwise" in report.cause
+        assert "copy differs first" in str(report)
+        assert "engine='replicate'" in report.cause
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
