@@ -192,6 +192,10 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             `sync_batchnorm=True` with a model neither engine can pool
             (`renorm=True`), or with `engine="replicate"` and a model it
             cannot walk.
+        ValueError: for a model whose class defines its own
+            `train_step`, `test_step`, `predict_step`, `compute_loss` or
+            `compute_metrics` (`own_steps.check_standard_steps`): the
+            engines would run Keras's standard steps instead.
         TypeError: if `model` is not a `keras.Model`.
 
     Example:
