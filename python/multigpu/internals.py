@@ -306,3 +306,9 @@ def op_callback(callback):
             if not _op_callback_users[key]:
                 del _op_callback_users[key]
                 op_callbacks.remove_op_callback(callback)
+
+
+def initialized(variable):
+    """Whether a Keras variable holds a value (one created in a stateless
+    scope waits for the scope's end)."""
+    return variable._value is not None

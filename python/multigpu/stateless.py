@@ -76,6 +76,27 @@ class StepScope(keras.StatelessScope):
         self.written = {}
         self.readers = parent.readers if parent is not None else []
 
+    @classmethod
+    def within(cls, parent):
+        """A scope for one pass inside `parent` (any stateless scope, or None).
+
+        It reads `parent`'s values (noting its reads with `parent`'s
+        readers, when `parent` is a `StepScope`) and the variables
+        themselves where `parent` maps none; it collects the pass's losses
+        and writes for itself, leaving `parent` untouched.
+
+        Args:
+            parent: The scope the pass is traced in, or None.
+
+        Returns:
+            A new `StepScope`, to enter.
+        """
+        scope = cls([], [], values=[],
+                    parent=parent if isinstance(parent, StepScope) else None)
+        if parent is not None:
+            scope.state_mapping.update(parent.state_mapping)
+        return scope
+
     def get_current_value(self, variable):
         # Keras's `Variable.value` asks here: a read.
         for reader in self.readers:
