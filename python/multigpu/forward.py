@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals, stateless
+from multigpu.messages import literal, setting
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -320,8 +321,38 @@ def held_effects():
     held = _Held(scope)
     with scope:
         yield held
+        _check_no_variable_made(scope.updates())
     held.losses = list(scope.losses)
     held.writes = scope.updates()
+
+
+def _check_no_variable_made(writes):
+    """Refuses a variable made by a replica's pass under a strategy.
+
+    An unseeded `keras.random` draw (`seed=None`) makes Keras's global
+    seed generator on first use, inside the step: under
+    `tf.distribute.MirroredStrategy` every replica thread makes its own,
+    and the next trace of the step fails with TensorFlow's "tf.function
+    only supports singleton tf.Variables" (plain Keras too).
+
+    Raises:
+        ValueError: naming the layer and the engine that takes it.
+    """
+    if tf.distribute.get_strategy().num_replicas_in_sync == 1:
+        return
+    for variable, _ in writes:
+        if not internals.initialized(variable):
+            layer = variable.path.split("/")[0]
+            raise ValueError(
+                f"Invalid `model` for {setting('engine', 'mirrored')}: its "
+                f"layer {literal(layer)} draws random numbers without a "
+                "seed generator of its own (keras.random with seed=None), "
+                "which makes a variable inside each replica's step. Give "
+                "the layer one: `self.seed_generator = "
+                "keras.random.SeedGenerator(seed)` in `__init__` and "
+                "`seed=self.seed_generator` in the draw. Or use "
+                f"{setting('engine', 'replicate')}, which takes it as it "
+                "is.")
 
 
 def padded_when_empty(forward, layout, hold_empty_writes=True):

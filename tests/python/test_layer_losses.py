@@ -60,12 +60,17 @@ class KernelPenalty(keras.layers.Layer):
 class Sampling(keras.layers.Layer):
     """A VAE's sampling layer: z = mean + exp(log_var / 2) * eps, plus KL.
 
-    The KL term is a mean over the rows, as in Keras's VAE example.
+    The KL term is a mean over the rows, as in Keras's VAE example. With
+    `seeded`, the draws come from the layer's own seed generator (as in
+    that example); without, from Keras's global one (`seed=None`).
     """
 
-    def __init__(self, deterministic=False, **kwargs):
+    def __init__(self, deterministic=False, seeded=True, **kwargs):
         super().__init__(**kwargs)
         self.deterministic = deterministic
+        self.seeded = seeded
+        self.seed_generator = (keras.random.SeedGenerator(1337) if seeded
+                               else None)
 
     def call(self, inputs):
         mean, log_var = inputs
@@ -75,11 +80,13 @@ class Sampling(keras.layers.Layer):
         self.add_loss(kl)
         if self.deterministic:
             return mean
-        eps = keras.random.normal(keras.ops.shape(mean))
+        eps = keras.random.normal(keras.ops.shape(mean),
+                                  seed=self.seed_generator)
         return mean + keras.ops.exp(0.5 * log_var) * eps
 
     def get_config(self):
-        return {**super().get_config(), "deterministic": self.deterministic}
+        return {**super().get_config(), "deterministic": self.deterministic,
+                "seeded": self.seeded}
 
 
 @keras.saving.register_keras_serializable(package="multigpu_tests")
@@ -121,12 +128,13 @@ def subclassed():
     return model
 
 
-def vae_like(deterministic):
+def vae_like(deterministic, seeded=True):
     inputs = keras.Input((8,), name="features")
     h = keras.layers.Dense(8, activation="relu")(inputs)
     mean = keras.layers.Dense(2, name="z_mean")(h)
     log_var = keras.layers.Dense(2, name="z_log_var")(h)
-    z = Sampling(deterministic=deterministic, name="sampling")([mean, log_var])
+    z = Sampling(deterministic=deterministic, seeded=seeded,
+                 name="sampling")([mean, log_var])
     h = keras.layers.Dense(8, activation="relu")(z)
     return keras.Model(inputs, keras.layers.Dense(3, name="scores")(h),
                        name="vae_like")
@@ -223,9 +231,12 @@ def test_evaluate_reports_the_templates_loss(rng, engine):
         reference.evaluate(x, y, batch_size=10, verbose=0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_a_sampling_vae_trains_and_its_loss_decreases(rng, engine):
-    template = vae_like(deterministic=False)
+# The mirrored engine refuses an unseeded draw (see
+# test_unseeded_draws_on_the_mirrored_engine_are_refused).
+@pytest.mark.parametrize(("engine", "seeded"), [
+    ("replicate", True), ("replicate", False), ("mirrored", True)])
+def test_a_sampling_vae_trains_and_its_loss_decreases(rng, engine, seeded):
+    template = vae_like(deterministic=False, seeded=seeded)
     parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
                                                   engine=engine))
     x, _ = data(rng, 30)
@@ -253,3 +264,19 @@ def test_recurrent_dropout_trains(rng, engine, layer):
     y = x[:, -1, :1]
     losses = _fit(parallel, x, y, batch_size=6, epochs=3)
     assert np.all(np.isfinite(losses))
+
+
+@pytest.mark.parametrize("check_finite", [True, False],
+                         ids=["guarded", "unguarded"])
+def test_unseeded_draws_on_the_mirrored_engine_are_refused(rng, check_finite):
+    # keras.random with seed=None makes the global seed generator inside
+    # each replica's step; plain Keras under MirroredStrategy fails on it
+    # with "tf.function only supports singleton tf.Variables".
+    template = vae_like(deterministic=False, seeded=False)
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+                                                  engine="mirrored"))
+    parallel.check_finite = check_finite
+    x, y = data(rng, 10)
+    with pytest.raises(ValueError, match=r"layer 'sampling' draws random "
+                       r"numbers without a seed generator[\s\S]*replicate"):
+        parallel.fit(x, y, batch_size=10, epochs=1, verbose=0)
