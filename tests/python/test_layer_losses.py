@@ -280,3 +280,33 @@ def test_unseeded_draws_on_the_mirrored_engine_are_refused(rng, check_finite):
     with pytest.raises(ValueError, match=r"layer 'sampling' draws random "
                        r"numbers without a seed generator[\s\S]*replicate"):
         parallel.fit(x, y, batch_size=10, epochs=1, verbose=0)
+
+
+def batch_normalized():
+    inputs = keras.Input((8,), name="features")
+    h = keras.layers.Dense(
+        12, name="hidden",
+        activity_regularizer=keras.regularizers.L1(0.01))(inputs)
+    h = keras.layers.BatchNormalization(name="norm")(h)
+    h = MeanSquareLoss(0.1)(keras.layers.Activation("relu")(h))
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(h),
+                       name="batch_normalized")
+
+
+@pytest.mark.parametrize("batch", ["uneven", "fewer_rows"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_layer_losses_with_pooled_batchnorm_train_as_the_template(
+        rng, engine, batch):
+    # sync_batchnorm=True: the replicate engine walks the template across
+    # the replicas, the mirrored engine all-reduces its statistics; both
+    # make a step equal to the template's, layer-made losses included.
+    rows, batch_size = BATCHES[batch]
+    template = batch_normalized()
+    reference = _compiled(copy_of(template))
+    parallel = _compiled(multigpu.multi_gpu_model(
+        template, gpus=4, engine=engine, sync_batchnorm=True))
+    x, y = data(rng, rows)
+    want = _fit(reference, x, y, batch_size)
+    got = _fit(parallel, x, y, batch_size)
+    assert max_weight_difference(template, reference) < 1e-5
+    np.testing.assert_allclose(got, want, rtol=1e-5)
