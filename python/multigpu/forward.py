@@ -1,10 +1,12 @@
 """Running a model's function on a device: the forward path every engine shares.
 
 A batch is cut into row ranges (`split_bounds`); a function of flat tensors
-runs on a device with its backward pass there too (`on_device`); a function
-survives a batch of zero rows (`forward_only_when_empty`); and a model
-becomes such a function without losing the logits Keras's losses read
-(`flat_forward`, `with_logits`).
+runs on a device with its backward pass there too (`on_device`); a model
+becomes such a function without losing the logits Keras's losses read, with
+the losses its layers add and the values they write as outputs
+(`flat_forward`, `held_effects`, `PassLayout`); it survives a share of zero
+rows without a `tf.cond` (`padded_when_empty`); and the replicas' losses
+combine into the whole batch's (`rows_weighted_loss`).
 """
 
 import contextlib
@@ -133,7 +135,12 @@ def on_device(device, forward, flat_inputs):
 
 
 def forward_only_when_empty(forward, inference_fn):
-    """Guards a function of a batch against batches of zero rows.
+    """Guards a function of a batch against batches of zero rows, by a cond.
+
+    For the pipeline's micro-batches (`multigpu.pipeline`); the
+    data-parallel engines pad instead (`padded_when_empty`), which keeps
+    what the pass creates (losses, writes, cached dropout masks) out of a
+    `tf.cond` branch.
 
     Returns a function of the same inputs that runs `forward` when the first
     input has rows. On zero rows it runs `inference_fn` on one row of zeros

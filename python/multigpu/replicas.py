@@ -64,15 +64,15 @@ class DataParallelReplicas(TemplateLayer):
 
         A caller that knows a batch has at least one row per device
         (`ParallelModel`'s steps decide once per step) can drop the
-        per-replica zero-row guard, a `tf.cond` per replica (and its
-        gradient, in training) in every step; it can also send a batch to
-        one device.
+        per-replica zero-row guard (a padding op per input and a selection
+        per written variable, `padded_when_empty`); it can also send a
+        batch to one device.
 
         Args:
             devices: The devices of the replicas, a non-empty sublist of
                 `self.devices`.
             guard: Whether each replica survives a sub-batch of zero rows
-                (see `forward_only_when_empty`).
+                (see `forward.padded_when_empty`).
         """
         previous, self._plan = self._plan, (list(devices), guard)
         try:
@@ -126,8 +126,8 @@ class DataParallelReplicas(TemplateLayer):
         if (flat_inputs[0].shape[0] or len(devices)) < len(devices):
             # A batch known to be smaller than the devices, traced only for
             # the branch `_split_once` never takes with it: shares of zero
-            # rows, traced statically, would trip Keras (see
-            # `forward_only_when_empty`).
+            # rows, traced statically, would trip Keras 3.15's `ops.add`,
+            # which takes a (0, n) tensor for a bias (an invalid BiasAdd).
             return self._forward(inputs, devices[:1], True, training)
 
         def walk():
@@ -267,8 +267,9 @@ class ParallelModel(TemplateBacked, keras.Model):
         last one of an epoch, or a batch size below the device count) runs
         on the first device as one sub-batch, exactly as the template would,
         guarded against zero rows. Both are traced into one `tf.cond`, which
-        runs only the branch it takes, so a full batch pays for no guard:
-        one `tf.cond` per step instead of one per replica (and its gradient).
+        runs only the branch it takes, so a full batch pays for no guard.
+        The cond holds the whole step (forward pass, loss, update), so
+        what the forward pass creates never has to leave it.
         """
         layer = self.replicas_layer
         devices = layer.devices

@@ -7,12 +7,16 @@ writes (BatchNormalization's moving statistics, Dropout's seed) is captured
 instead of written. Only the writes and the update wait for the NaN/inf
 verdict; the reads, the copies to the devices and the forward pass do not.
 
-Two places of the forward path need the scope's help:
+Three places of the forward path need the scope's help:
 
-* a `tf.cond` whose branches write (the zero-row guard,
-  `forward.forward_only_when_empty`) returns the values its branches wrote
-  as outputs of the cond (`StepScope.cond`): tensors made inside a branch
-  cannot be used outside it;
+* each replica's pass runs in a scope of its own inside the step's
+  (`StepScope.within`, `forward.held_effects`): the losses its layers add
+  and the values it writes become outputs of the replica's function, and
+  reach the step's scope from there;
+* a `tf.cond` whose branches write (the pipeline's zero-row guard for a
+  micro-batch, `forward.forward_only_when_empty`) returns the values its
+  branches wrote as outputs of the cond (`StepScope.cond`): tensors made
+  inside a branch cannot be used outside it;
 * a function with a custom gradient (`forward.on_device`) takes the values
   of the trainable variables it read as inputs (`StepScope.reading`), so
   that the step's tape reaches them.
@@ -160,9 +164,16 @@ class StepScope(keras.StatelessScope):
                 with nested:
                     outputs = list(fn())
                 if nested.losses:
+                    # Only the pipeline's micro-batches still run a
+                    # zero-row cond; the data-parallel engines pad instead
+                    # (`forward.padded_when_empty`).
                     raise NotImplementedError(
-                        "multigpu: a loss added (add_loss) inside a "
-                        "zero-row guard's branch in the guarded step")
+                        "multigpu: a loss added (add_loss, "
+                        "activity_regularizer) inside a zero-row guard's "
+                        "branch in the guarded step (a pipeline stage's "
+                        "micro-batch). Train the model with "
+                        "multi_gpu_model(), whose engines take such losses, "
+                        "or set check_finite = False")
                 if first:
                     written[:] = list(nested.written.values())
                 elif any(k not in {id(v) for v in written}

@@ -310,3 +310,59 @@ def test_layer_losses_with_pooled_batchnorm_train_as_the_template(
     got = _fit(parallel, x, y, batch_size)
     assert max_weight_difference(template, reference) < 1e-5
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# A share of zero rows: one row of zeros, no tf.cond (forward.py).
+
+
+def test_an_empty_share_runs_padded_and_writes_nothing():
+    import tensorflow as tf
+
+    from multigpu.forward import PassLayout, flat_forward
+
+    inputs = keras.Input((8,), name="features")
+    h = keras.layers.Dense(
+        4, activity_regularizer=keras.regularizers.L2(0.1))(inputs)
+    model = keras.Model(inputs, keras.layers.BatchNormalization(
+        name="norm")(h))
+    norm = model.get_layer("norm")
+    layout = PassLayout()
+    forward = flat_forward(model, inputs, True, layout)
+
+    @tf.function
+    def run(x):
+        outputs, loss, new_values = layout.split(forward(x))
+        layout.commit(new_values)
+        return outputs[0], loss
+
+    moving_mean = norm.moving_mean.numpy()
+    y, loss = run(tf.zeros((0, 8)))
+    assert y.shape == (0, 4)
+    assert float(loss) == 0.0
+    np.testing.assert_array_equal(norm.moving_mean.numpy(), moving_mean)
+
+    x = np.random.default_rng(3).standard_normal((5, 8)).astype("float32")
+    y, loss = run(tf.constant(x))
+    assert y.shape == (5, 4)
+    assert not model.losses  # taken out of the layers
+    dense = model.layers[1]
+    want = float(dense.activity_regularizer(dense(x))) / 5
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    assert not np.allclose(norm.moving_mean.numpy(), moving_mean)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_batchnorm_on_fewer_rows_than_devices_stays_finite(rng, engine):
+    # Training-mode BatchNormalization on a share of zero rows took NaN
+    # statistics; the padded row is left out of the moving statistics.
+    template = batch_normalized()
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+                                                  engine=engine))
+    x, y = data(rng, 11)
+    losses = _fit(parallel, x, y, batch_size=3)
+    assert np.all(np.isfinite(losses))
+    for weight in template.get_weights():
+        assert np.all(np.isfinite(weight))
+    np.testing.assert_allclose(parallel.predict(x, batch_size=3, verbose=0),
+                               template.predict(x, batch_size=3, verbose=0),
+                               atol=1e-5)
