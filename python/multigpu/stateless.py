@@ -78,6 +78,9 @@ class StepScope(keras.StatelessScope):
                                  for v in self.trainable]
         # The variables written in the scope, by id, in order.
         self.written = {}
+        # Whether reads of unmapped non-trainable variables are kept (see
+        # `within`).
+        self._snapshots = False
         self.readers = parent.readers if parent is not None else []
 
     @classmethod
@@ -99,13 +102,25 @@ class StepScope(keras.StatelessScope):
                     parent=parent if isinstance(parent, StepScope) else None)
         if parent is not None:
             scope.state_mapping.update(parent.state_mapping)
+        else:
+            scope._snapshots = True
         return scope
 
     def get_current_value(self, variable):
         # Keras's `Variable.value` asks here: a read.
         for reader in self.readers:
             reader.add(id(variable))
-        return self.state_mapping.get(id(variable), None)
+        value = self.state_mapping.get(id(variable), None)
+        if value is None and self._snapshots and not variable.trainable and (
+                internals.initialized(variable)):
+            # A scope with no step's scope around it (`within(None)`)
+            # reads a non-trainable variable once, where the pass first
+            # reads it: left to Keras, the read was of the variable itself,
+            # and the write the caller commits after the pass could reach
+            # it first (a Dropout seed drawn after its own increment).
+            value = internals.stored_value(variable)
+            self.state_mapping[id(variable)] = value
+        return value
 
     def add_update(self, update):
         variable, _ = update
