@@ -291,8 +291,7 @@ class PassLayout:
 class _Held:
     """What a pass added (`add_loss`) and wrote, from its own scope."""
 
-    def __init__(self, scope):
-        self._scope = scope
+    def __init__(self):
         self.losses = []
         self.writes = []
 
@@ -325,7 +324,7 @@ def held_effects():
     >>> loss = held.loss()
     """
     scope = stateless.StepScope.within(internals.stateless_scope())
-    held = _Held(scope)
+    held = _Held()
     with scope:
         yield held
         _check_no_variable_made(scope.updates())
