@@ -41,6 +41,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
+from multigpu.messages import setting
 
 
 def current():
@@ -188,7 +189,7 @@ class StepScope(keras.StatelessScope):
                         "branch in the guarded step (a pipeline stage's "
                         "micro-batch). Train the model with "
                         "multi_gpu_model(), whose engines take such losses, "
-                        "or set check_finite = False")
+                        f"or set {setting('check_finite', False)}")
                 if first:
                     written[:] = list(nested.written.values())
                 elif any(k not in {id(v) for v in written}
