@@ -355,3 +355,12 @@ def drop_cached_evaluation(model):
     """
     if getattr(model, "_eval_epoch_iterator", None) is not None:
         model._eval_epoch_iterator = None
+
+
+def initialized(variable):
+    """Whether a Keras variable holds a value.
+
+    A variable created inside a stateless scope gets its value only when
+    the scope ends.
+    """
+    return variable._value is not None

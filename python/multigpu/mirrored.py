@@ -32,10 +32,10 @@ from multigpu import accumulation as accumulation_lib
 from multigpu import strategy as strategy_lib
 from multigpu.copies import check_copy, copy_model
 from multigpu.distributed import weighted_by_rows
-from multigpu.forward import flat_forward, with_logits
+from multigpu.forward import PassLayout, flat_forward
 from multigpu.functional import callable_graph, layer_name, output_names
 from multigpu.messages import literal, setting
-from multigpu.sync_batchnorm import padded_when_empty, synchronize
+from multigpu.sync_batchnorm import synchronize
 from multigpu.template import (
     TemplateBacked,
     built_like,
@@ -425,28 +425,37 @@ class MirroredModel(TemplateBacked, keras.Model):
         """The replica's forward pass, safe on a share of zero rows.
 
         A batch with fewer rows than replicas leaves some replicas nothing,
-        and kernels fail on zero rows (oneDNN: a convolution after MaxPooling
-        reports "input depth must be evenly divisible by filter depth") or,
-        in training, give BatchNormalization NaN statistics. Such a replica
-        runs `replicas.forward_only_when_empty`'s stand-in: no rows out, no
-        gradient, no side effects. With `sync_batchnorm` in training, the
-        pass has all-reduces that every replica must join, which a
-        `tf.cond` would refuse: an empty share runs it on one row of zeros
-        instead, left out of the statistics (`padded_when_empty`).
+        and kernels fail on zero rows (oneDNN: a convolution after
+        MaxPooling reports "input depth must be evenly divisible by filter
+        depth") or, in training, give BatchNormalization NaN statistics.
+        Such a replica runs the pass on one row of zeros, with no `tf.cond`
+        (`forward.padded_when_empty`): its outputs are cut back to zero
+        rows, its layer-made loss weighs nothing and it writes no moving
+        statistics. With `sync_batchnorm` in training, the pass has
+        all-reduces that every replica must join (a `tf.cond` would refuse
+        them); the pooled moments leave the row of zeros out, and every
+        replica writes the same pooled statistics.
+
+        The losses the layers add (`add_loss`, `activity_regularizer`)
+        come out of the pass and are the model's own (`add_loss`), once
+        per replica; `compute_loss` weighs them by the replica's rows.
         """
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,
                                                    mask=mask)
 
-        logits_at = []
-        if self._sync_batchnorm and training is not None and (
-                training is not False):
-            forward = padded_when_empty(flat_forward(
-                functional, inputs, training, logits_at, guard=False))
-        else:
-            forward = flat_forward(functional, inputs, training, logits_at)
-        flat = with_logits(forward(*keras.tree.flatten(inputs)),
-                                    logits_at)
+        layout = PassLayout()
+        pooled = self._sync_batchnorm and training is not None and (
+            training is not False)
+        forward = flat_forward(functional, inputs, training, layout,
+                               hold_empty_writes=not pooled)
+        flat, loss, new_values = layout.split(
+            forward(*keras.tree.flatten(inputs)))
+        layout.commit(new_values)
+        if loss is not None:
+            # `Layer.add_loss`: a functional model's own raises
+            # NotImplementedError (Keras 3.15 keeps it for symbolic losses).
+            keras.layers.Layer.add_loss(self, loss)
         return keras.tree.pack_sequence_as(self._outputs_struct, flat)
 
     # `compute_loss` weighs each replica's rows as one device does
@@ -463,6 +472,15 @@ class MirroredModel(TemplateBacked, keras.Model):
         share of the rows (`distributed.weighted_by_rows`), making the
         summed gradient that of the mean over all rows, as on one device;
         the loss value (and so the reported loss) is unchanged.
+
+        The model's other losses (`model.losses`: the layers' `add_loss`
+        and activity regularizers, which `call` makes the model's own, and
+        the weight regularizers) are divided by the replica count by Keras
+        too, and weighted by rows with the rest: a layer-made loss thus
+        counts as the row-weighted mean of the replicas' losses (as
+        `forward.rows_weighted_loss` combines them on the replicate
+        engine), exact for a loss that is a mean over the rows or does not
+        depend on them.
         """
         loss = super().compute_loss(x, y, y_pred, sample_weight,
                                     training=training)

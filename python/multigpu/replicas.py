@@ -13,7 +13,15 @@ import tensorflow as tf
 
 from multigpu import gradients as gradients_lib
 from multigpu.arguments import check_int
-from multigpu.forward import HOST_DEVICE, flat_forward, on_device, split_bounds, with_logits
+from multigpu.forward import (
+    HOST_DEVICE,
+    PassLayout,
+    concat_with_logits,
+    flat_forward,
+    on_device,
+    rows_weighted_loss,
+    split_bounds,
+)
 from multigpu.functional import callable_graph, layer_name, named_like
 from multigpu.messages import literal
 from multigpu.sync_batchnorm import GlobalBatchWalk
@@ -56,15 +64,15 @@ class DataParallelReplicas(TemplateLayer):
 
         A caller that knows a batch has at least one row per device
         (`ParallelModel`'s steps decide once per step) can drop the
-        per-replica zero-row guard, a `tf.cond` per replica (and its
-        gradient, in training) in every step; it can also send a batch to
-        one device.
+        per-replica zero-row guard (a padding op per input and a selection
+        per written variable, `padded_when_empty`); it can also send a
+        batch to one device.
 
         Args:
             devices: The devices of the replicas, a non-empty sublist of
                 `self.devices`.
             guard: Whether each replica survives a sub-batch of zero rows
-                (see `forward_only_when_empty`).
+                (see `forward.padded_when_empty`).
         """
         previous, self._plan = self._plan, (list(devices), guard)
         try:
@@ -75,23 +83,34 @@ class DataParallelReplicas(TemplateLayer):
     def call(self, inputs, training=None):
         devices, guard = self._plan or (self.devices, True)
         if self._walk is not None and training and len(devices) > 1:
-            merged = self._walked(inputs, devices, guard, training)
+            merged, loss = self._walked(inputs, devices, guard, training)
         else:
-            merged = self._forward(inputs, devices, guard, training)
+            merged, loss = self._forward(inputs, devices, guard, training)
+        if loss is not None:
+            # The layer-made losses of the whole batch (see
+            # `rows_weighted_loss`), which the layers no longer hold.
+            self.add_loss(loss)
         return keras.tree.pack_sequence_as(self._output_struct, merged)
 
     def _forward(self, inputs, devices, guard, training):
-        """One call of the template per device, outputs concatenated."""
+        """One call of the template per device, outputs concatenated.
+
+        Returns:
+            `(flat outputs, loss)`: `loss` is the layer-made loss of the
+            batch (`rows_weighted_loss`), or None when the template adds
+            none.
+        """
         flat_inputs = keras.tree.flatten(inputs)
-        logits_at = []
-        forward = flat_forward(self.template, inputs, training, logits_at,
-                               guard)
+        layout = PassLayout()
+        forward = flat_forward(self.template, inputs, training, layout,
+                               pad=guard)
         if len(devices) == 1:
             # One device: nothing to slice or concatenate.
-            merged = on_device(devices[0], forward, flat_inputs)
-        else:
-            merged = self._replicated(forward, devices, flat_inputs)
-        return with_logits(merged, logits_at)
+            merged, loss, new_values = layout.split(
+                on_device(devices[0], forward, flat_inputs))
+            layout.commit(new_values)
+            return merged, loss
+        return self._replicated(forward, layout, devices, flat_inputs)
 
     def _walked(self, inputs, devices, guard, training):
         """The template walked across replicas, BatchNormalization pooled.
@@ -107,8 +126,8 @@ class DataParallelReplicas(TemplateLayer):
         if (flat_inputs[0].shape[0] or len(devices)) < len(devices):
             # A batch known to be smaller than the devices, traced only for
             # the branch `_split_once` never takes with it: shares of zero
-            # rows, traced statically, would trip Keras (see
-            # `forward_only_when_empty`).
+            # rows, traced statically, would trip Keras 3.15's `ops.add`,
+            # which takes a (0, n) tensor for a bias (an invalid BiasAdd).
             return self._forward(inputs, devices[:1], True, training)
 
         def walk():
@@ -122,22 +141,47 @@ class DataParallelReplicas(TemplateLayer):
         if not guard:
             return walk()
         rows = tf.shape(flat_inputs[0])[0]
-        return tf.cond(
-            rows >= len(devices), walk,
-            lambda: self._forward(inputs, devices[:1], True, training))
+        has_loss = []
 
-    def _replicated(self, forward, devices, flat_inputs):
-        """Slices the batch, runs `forward` once per device, concatenates."""
+        def flat(run):
+            # `tf.cond` takes no None: the loss, when there is one, ends
+            # the outputs.
+            def branch():
+                merged, loss = run()
+                has_loss[:] = [loss is not None]
+                return merged + ([loss] if loss is not None else [])
+            return branch
+
+        outputs = list(tf.cond(
+            rows >= len(devices), flat(walk), flat(
+                lambda: self._forward(inputs, devices[:1], True, training))))
+        return (outputs[:-1], outputs[-1]) if has_loss[0] else (outputs, None)
+
+    def _replicated(self, forward, layout, devices, flat_inputs):
+        """Slices the batch, runs `forward` once per device, concatenates.
+
+        Each replica's writes are committed before the next replica runs,
+        as the template called once per replica writes them.
+
+        Returns:
+            `(flat outputs, loss)`, as `_forward`.
+        """
         with tf.device(self.merge_device):
             bounds = split_bounds(tf.shape(flat_inputs[0])[0], len(devices))
             slices = [
                 [x[bounds[i]:bounds[i + 1]] for x in flat_inputs]
                 for i in range(len(devices))
             ]
-        outputs = [on_device(device, forward, flat)
-                   for device, flat in zip(devices, slices)]
+        outputs, losses = [], []
+        for device, flat in zip(devices, slices):
+            merged, loss, new_values = layout.split(
+                on_device(device, forward, flat))
+            layout.commit(new_values)
+            outputs.append(merged)
+            losses.append(loss)
         with tf.device(self.merge_device):
-            return [tf.concat(parts, axis=0) for parts in zip(*outputs)]
+            merged = [concat_with_logits(parts) for parts in zip(*outputs)]
+            return merged, rows_weighted_loss(losses, bounds)
 
 
 def _input_like(tensor):
@@ -223,8 +267,9 @@ class ParallelModel(TemplateBacked, keras.Model):
         last one of an epoch, or a batch size below the device count) runs
         on the first device as one sub-batch, exactly as the template would,
         guarded against zero rows. Both are traced into one `tf.cond`, which
-        runs only the branch it takes, so a full batch pays for no guard:
-        one `tf.cond` per step instead of one per replica (and its gradient).
+        runs only the branch it takes, so a full batch pays for no guard.
+        The cond holds the whole step (forward pass, loss, update), so
+        what the forward pass creates never has to leave it.
         """
         layer = self.replicas_layer
         devices = layer.devices

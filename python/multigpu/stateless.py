@@ -7,12 +7,16 @@ writes (BatchNormalization's moving statistics, Dropout's seed) is captured
 instead of written. Only the writes and the update wait for the NaN/inf
 verdict; the reads, the copies to the devices and the forward pass do not.
 
-Two places of the forward path need the scope's help:
+Three places of the forward path need the scope's help:
 
-* a `tf.cond` whose branches write (the zero-row guard,
-  `forward.forward_only_when_empty`) returns the values its branches wrote
-  as outputs of the cond (`StepScope.cond`): tensors made inside a branch
-  cannot be used outside it;
+* each replica's pass runs in a scope of its own inside the step's
+  (`StepScope.within`, `forward.held_effects`): the losses its layers add
+  and the values it writes become outputs of the replica's function, and
+  reach the step's scope from there;
+* a `tf.cond` whose branches write (the pipeline's zero-row guard for a
+  micro-batch, `forward.forward_only_when_empty`) returns the values its
+  branches wrote as outputs of the cond (`StepScope.cond`): tensors made
+  inside a branch cannot be used outside it;
 * a function with a custom gradient (`forward.on_device`) takes the values
   of the trainable variables it read as inputs (`StepScope.reading`), so
   that the step's tape reaches them.
@@ -37,6 +41,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
+from multigpu.messages import setting
 
 
 def current():
@@ -74,13 +79,49 @@ class StepScope(keras.StatelessScope):
                                  for v in self.trainable]
         # The variables written in the scope, by id, in order.
         self.written = {}
+        # Whether reads of unmapped non-trainable variables are kept (see
+        # `within`).
+        self._snapshots = False
         self.readers = parent.readers if parent is not None else []
+
+    @classmethod
+    def within(cls, parent):
+        """A scope for one pass inside `parent` (any stateless scope, or None).
+
+        It reads `parent`'s values (noting its reads with `parent`'s
+        readers, when `parent` is a `StepScope`) and the variables
+        themselves where `parent` maps none; it collects the pass's losses
+        and writes for itself, leaving `parent` untouched.
+
+        Args:
+            parent: The scope the pass is traced in, or None.
+
+        Returns:
+            A new `StepScope`, to enter.
+        """
+        scope = cls([], [], values=[],
+                    parent=parent if isinstance(parent, StepScope) else None)
+        if parent is not None:
+            scope.state_mapping.update(parent.state_mapping)
+        else:
+            scope._snapshots = True
+        return scope
 
     def get_current_value(self, variable):
         # Keras's `Variable.value` asks here: a read.
         for reader in self.readers:
             reader.add(id(variable))
-        return self.state_mapping.get(id(variable), None)
+        value = self.state_mapping.get(id(variable), None)
+        if value is None and self._snapshots and not variable.trainable and (
+                internals.initialized(variable)):
+            # A scope with no step's scope around it (`within(None)`)
+            # reads a non-trainable variable once, where the pass first
+            # reads it: left to Keras, the read was of the variable itself,
+            # and the write the caller commits after the pass could reach
+            # it first (a Dropout seed drawn after its own increment).
+            value = internals.stored_value(variable)
+            self.state_mapping[id(variable)] = value
+        return value
 
     def add_update(self, update):
         variable, _ = update
@@ -139,9 +180,16 @@ class StepScope(keras.StatelessScope):
                 with nested:
                     outputs = list(fn())
                 if nested.losses:
+                    # Only the pipeline's micro-batches still run a
+                    # zero-row cond; the data-parallel engines pad instead
+                    # (`forward.padded_when_empty`).
                     raise NotImplementedError(
-                        "multigpu: a loss added (add_loss) inside a "
-                        "zero-row guard's branch in the guarded step")
+                        "multigpu: a loss added (add_loss, "
+                        "activity_regularizer) inside a zero-row guard's "
+                        "branch in the guarded step (a pipeline stage's "
+                        "micro-batch). Train the model with "
+                        "multi_gpu_model(), whose engines take such losses, "
+                        f"or set {setting('check_finite', False)}")
                 if first:
                     written[:] = list(nested.written.values())
                 elif any(k not in {id(v) for v in written}

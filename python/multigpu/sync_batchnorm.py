@@ -16,7 +16,7 @@ rows.
   strategy: the copy's BatchNormalization layers add their sums with one
   all-reduce each (`synchronize`). A replica whose share is empty still
   runs the forward pass (on one row of zeros that the statistics leave
-  out, `padded_when_empty`), so it joins every all-reduce; a `tf.cond`
+  out, `forward.padded_when_empty`), so it joins every all-reduce; a `tf.cond`
   around it would refuse them.
 - The replicate engine runs the template once per device, so no layer
   sees another replica's rows. `GlobalBatchWalk` runs the template's graph
@@ -29,7 +29,6 @@ rows.
 """
 
 import contextlib
-import contextvars
 
 import keras
 import tensorflow as tf
@@ -37,10 +36,12 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.forward import (
+    PassLayout,
     concat_with_logits,
+    held_effects,
     on_device,
-    one_row_of_zeros,
-    with_logits,
+    rows_weighted_loss,
+    valid_rows,
 )
 from multigpu.functional import (
     call_arguments,
@@ -49,11 +50,6 @@ from multigpu.functional import (
     symbolic_graph,
 )
 from multigpu.messages import literal, literals, setting
-
-# How many leading rows of the batch being normalised are the replica's own
-# (the rest is `padded_when_empty`'s row of zeros); None: every row.
-_valid_rows = contextvars.ContextVar("multigpu_sync_batchnorm_rows",
-                                     default=None)
 
 
 def check_sync_batchnorm(value):
@@ -169,7 +165,7 @@ def _replica_moments(layer, inputs, mask=None):
     """A copy's BatchNormalization moments, pooled across the replicas."""
     if mask is not None:
         raise _masked(layer)
-    rows = _valid_rows.get()
+    rows = valid_rows.get()
     own = inputs if rows is None else inputs[:rows]
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
@@ -202,37 +198,6 @@ def synchronize(model):
         internals.replace_moments(
             layer, lambda inputs, mask=None, layer=layer: _replica_moments(
                 layer, inputs, mask))
-
-
-def padded_when_empty(forward):
-    """Runs `forward` on at least one row, with no `tf.cond`.
-
-    A replica with an empty share runs `forward` on one row of zeros, so
-    it joins every all-reduce of the pass (one inside a `tf.cond` is
-    refused, and kernels fail on zero rows); the pooled moments leave that
-    row out, and the outputs are cut back to the share's rows. A share with
-    rows runs as it is.
-
-    Args:
-        forward: A function of flat input tensors to a list of tensors.
-
-    Returns:
-        A function of the same inputs.
-    """
-
-    def padded(*inputs):
-        rows = tf.shape(inputs[0])[0]
-        filled = tf.maximum(rows, 1)
-        padded_inputs = [tf.concat([x, one_row_of_zeros(x)], 0)[:filled]
-                         for x in inputs]
-        token = _valid_rows.set(rows)
-        try:
-            outputs = forward(*padded_inputs)
-        finally:
-            _valid_rows.reset(token)
-        return [y[:rows] for y in outputs]
-
-    return padded
 
 
 # The replicate engine: the template's graph, node by node across replicas.
@@ -321,14 +286,25 @@ class GlobalBatchWalk:
             training: The `training` argument of the layers.
 
         Returns:
-            The merged flat outputs, logits re-attached (see
-            `forward.with_logits`).
+            `(outputs, loss)`: the merged flat outputs, logits re-attached
+            (see `forward.with_logits`), and the layer-made loss of the
+            whole batch (`forward.rows_weighted_loss`), or None when the
+            layers add none.
         """
-        outputs = self._run(self.graph, devices, shares, training)
+        losses = [[] for _ in shares]
+        outputs = self._run(self.graph, devices, shares, training, losses)
         with tf.device(self.merge_device):
-            return [concat_with_logits(parts) for parts in zip(*outputs)]
+            merged = [concat_with_logits(parts) for parts in zip(*outputs)]
+            if not any(losses):
+                return merged, None
+            rows = [tf.shape(flat[0])[0] for flat in shares]
+            bounds = [0]
+            for count in rows:
+                bounds.append(bounds[-1] + count)
+            return merged, rows_weighted_loss(
+                [tf.add_n(share) for share in losses], bounds)
 
-    def _run(self, graph, devices, shares, training):
+    def _run(self, graph, devices, shares, training, losses):
         values = [{id(x): v for x, v in zip(graph.inputs, flat)}
                   for flat in shares]
         segments = _segments(graph, training)
@@ -336,22 +312,23 @@ class GlobalBatchWalk:
             if kind == "batch_norm":
                 results = self._batch_norm(nodes[0], devices, values)
             elif kind == "nested":
-                results = self._nested(nodes[0], devices, values, training)
+                results = self._nested(nodes[0], devices, values, training,
+                                       losses)
             else:
                 results = _segment_on_devices(nodes, later, devices, values,
-                                              training)
+                                              training, losses)
             for known, result in zip(values, results):
                 known.update(result)
         return [[known[id(x)] for x in graph.outputs] for known in values]
 
-    def _nested(self, node, devices, values, training):
+    def _nested(self, node, devices, values, training, losses):
         """Walks a nested functional or Sequential model's graph."""
         graph = symbolic_graph(node.operation)
         shares = []
         for known in values:
             args, _ = node.arguments.fill_in(known)
             shares.append(keras.tree.flatten(args[0]))
-        outputs = self._run(graph, devices, shares, training)
+        outputs = self._run(graph, devices, shares, training, losses)
         return [dict(zip((id(x) for x in node.outputs), flat))
                 for flat in outputs]
 
@@ -404,7 +381,7 @@ def _read_later(graph, segments):
     return later[::-1]
 
 
-def _segment_on_devices(nodes, later, devices, values, training):
+def _segment_on_devices(nodes, later, devices, values, training, losses):
     """Runs consecutive plain nodes on each replica's share, on its device.
 
     Each replica's part is one `forward.on_device` function, so its
@@ -412,6 +389,11 @@ def _segment_on_devices(nodes, later, devices, values, training):
     device). Its inputs are the tensors the nodes read from before the
     segment; its outputs those read after it (`later`), with the logits
     Keras attached to them.
+
+    The losses the nodes add (`add_loss`, `activity_regularizer`) leave
+    each replica's function as an output too, appended to the replica's
+    list in `losses`; what the nodes write is committed after each
+    replica's function, as the layers would have written it.
 
     Returns:
         Per replica, `{id(symbolic tensor): tensor}` of the outputs.
@@ -427,28 +409,34 @@ def _segment_on_devices(nodes, later, devices, values, training):
     exports = [id(x) for node in nodes for x in node.outputs
                if id(x) in later]
     results = []
-    for device, known in zip(devices, values):
-        logits_at = []
+    for device, known, own in zip(devices, values, losses):
+        layout = PassLayout()
         forward = _segment_function(nodes, needed, exports, training,
-                                    logits_at)
-        outputs = on_device(device, forward, [known[i] for i in needed])
-        results.append(dict(zip(exports, with_logits(outputs, logits_at))))
+                                    layout)
+        outputs, loss, new_values = layout.split(
+            on_device(device, forward, [known[i] for i in needed]))
+        layout.commit(new_values)
+        if loss is not None:
+            own.append(loss)
+        results.append(dict(zip(exports, outputs)))
     return results
 
 
-def _segment_function(nodes, needed, exports, training, logits_at):
+def _segment_function(nodes, needed, exports, training, layout):
     """The nodes as a function of flat tensors: `needed` in, `exports` out.
 
-    `logits_at` receives, when the function is traced, the indices of the
-    exports whose logits follow them (as `forward.flat_forward`).
+    Its outputs are those of a `forward.flat_forward` function; `layout`
+    (a `forward.PassLayout`) receives, when the function is traced, where
+    the exports' logits, the loss and the written values are.
     """
 
     def forward(*inputs):
         local = dict(zip(needed, inputs))
-        for node in nodes:
-            args, kwargs = call_arguments(node, local, training)
-            outputs = keras.tree.flatten(node.operation(*args, **kwargs))
-            local.update(zip((id(x) for x in node.outputs), outputs))
+        with held_effects() as held:
+            for node in nodes:
+                args, kwargs = call_arguments(node, local, training)
+                outputs = keras.tree.flatten(node.operation(*args, **kwargs))
+                local.update(zip((id(x) for x in node.outputs), outputs))
         ys = [local[i] for i in exports]
         if any(internals.keras_mask(y) is not None for y in ys):
             raise ValueError(
@@ -459,8 +447,14 @@ def _segment_function(nodes, needed, exports, training, logits_at):
                 f"replicas does not carry masks. Use "
                 f"{setting('engine', 'mirrored')}.")
         logits = [internals.logits_of(y) for y in ys]
-        logits_at[:] = [i for i, z in enumerate(logits) if z is not None]
-        return ys + [logits[i] for i in logits_at]
+        layout.logits_at[:] = [i for i, z in enumerate(logits)
+                               if z is not None]
+        loss = held.loss()
+        layout.has_loss = loss is not None
+        layout.written[:] = [variable for variable, _ in held.writes]
+        return (ys + [logits[i] for i in layout.logits_at]
+                + ([loss] if loss is not None else [])
+                + [value for _, value in held.writes])
 
     return forward
 
