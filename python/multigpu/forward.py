@@ -374,7 +374,7 @@ def padded_when_empty(forward, layout, hold_empty_writes=True):
     `tf.cond` would run only one branch but keeps inside it what the pass
     creates: the losses, and the dropout masks that Keras's recurrent
     cells cache between calls. A share with rows runs as it is, the
-    padding costing a `Pad` op whose paddings are zero.
+    padding costing the concatenation of no rows.
 
     `valid_rows` tells code inside the pass (the pooled
     BatchNormalization of `sync_batchnorm`) how many leading rows are the
@@ -425,12 +425,19 @@ def _where(condition, value, old):
 
 
 def _padded(tensor, missing):
-    """`tensor` with `missing` (0 or 1) rows of zeros after its rows."""
-    paddings = tf.stack([tf.stack([0, missing])]
-                        + [tf.zeros([2], tf.int32)] * (tensor.shape.rank - 1))
+    """`tensor` with `missing` (0 or 1) rows of zeros after its rows.
+
+    A concatenation, not `tf.pad`: oneDNN fuses a `Pad` whose paddings are
+    computed in the graph into the convolution after it, and the fused
+    kernel then reads zero rows ("Matrix size-incompatible: In[0]: [0,1]"
+    in the layer after the convolution, TensorFlow 2.21 on CPU).
+    """
+    shape = tf.concat([[missing], tf.shape(tensor)[1:]], axis=0)
     if tensor.dtype == tf.string:
-        return tf.pad(tensor, paddings, constant_values="")
-    return tf.pad(tensor, paddings)
+        filler = tf.fill(shape, "")
+    else:
+        filler = tf.zeros(shape, tensor.dtype)
+    return tf.concat([tensor, filler], axis=0)
 
 
 def _stored_values():

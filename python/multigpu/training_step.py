@@ -216,7 +216,38 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, watch=False):
         scaled = (loss if model.optimizer is None
                   else model.optimizer.scale_loss(loss))
     grads = tape.gradient(scaled, sources) if sources else []
-    return y_pred, loss, grads
+    return y_pred, loss, _zero_when_no_rows(grads, x)
+
+
+def _zero_when_no_rows(grads, x):
+    """A replica's gradients, zero when its share of the batch has no rows.
+
+    Under a strategy (the mirrored engine) a replica whose share is empty
+    runs its forward pass on one padded row of zeros
+    (`forward.padded_when_empty`), whose outputs and loss are cut away.
+    A layer may still make NaN or inf of that row (a masked average over a
+    row that is all padding divides 0 by 0), and the zero gradient of the
+    cut outputs, back-propagated through it, becomes 0 * inf = NaN. Such a
+    replica contributes nothing to the step, so its gradients are zeros;
+    a replica with rows keeps its own (a select, no arithmetic).
+    """
+    if not grads or not tf.distribute.has_strategy() or (
+            tf.distribute.in_cross_replica_context()):
+        return grads
+    rows = tf.shape(next(t for t in keras.tree.flatten(x)
+                         if t is not None))[0]
+    has_rows = rows > 0
+
+    def kept(grad):
+        if grad is None:
+            return None
+        if isinstance(grad, tf.IndexedSlices):
+            values = tf.where(has_rows, grad.values,
+                              tf.zeros_like(grad.values))
+            return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+        return tf.where(has_rows, grad, tf.zeros_like(grad))
+
+    return [kept(grad) for grad in grads]
 
 
 def _update(model, grads, variables, accumulation):
