@@ -312,13 +312,17 @@ def copy_difference(model, copy):
 
     Returns:
         None when both give the same outputs on `probe_batch(model)` in
-        inference (or `model` itself cannot run on the probe: nothing to
-        compare), else a `CopyDifference`.
+        inference (or nothing can be compared: `model` itself cannot run
+        on the probe, or gives other outputs each time, as a layer that
+        draws random numbers in inference does), else a `CopyDifference`.
     """
     probe = probe_batch(model)
     try:
         expected = model(probe, training=False)
+        again = model(probe, training=False)
     except Exception:  # noqa: BLE001 - the probe is ours, not the user's
+        return None
+    if _largest_gap(expected, again) is not None:
         return None
     difference, error = _outputs_difference(
         expected, copy, (probe,), {"training": False})
