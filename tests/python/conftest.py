@@ -53,6 +53,13 @@ def _module_garbage():
     _collect_this_tests_garbage()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "bench_quick: checks the benchmark harness's outputs: "
+        "`make bench-quick` runs them on its own run's outputs "
+        "(MULTIGPU_BENCH_QUICK_OUTPUT), so `make test-python` leaves them out")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(7)
