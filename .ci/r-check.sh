@@ -12,9 +12,12 @@
 #    a tarball to publish.
 # 3. .ci/r-install-test.sh: the tarball installed into an empty library,
 #    install_multigpu() run elsewhere, a model trained with it.
-# 4. R CMD check --no-manual --ignore-vignettes on the tarball (examples and
-#    the testthat suite; the vignettes run in `make docs`);
-#    any ERROR or WARNING fails, NOTEs are listed.
+# 4. R CMD check --no-manual --ignore-vignettes --no-examples on the
+#    tarball (the testthat suite and the package's structure; the vignettes
+#    and the examples run in `make docs`: pkgdown knits every article and
+#    runs every example, and .ci/docs-check.py fails on an example's
+#    error); any ERROR or WARNING fails, NOTEs are listed.
+#    R_CHECK_EXAMPLES=1 runs the examples here too.
 # 5. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
 #    in CI also a skip, fails.
 #
@@ -68,9 +71,11 @@ tarball=$(ls "$out"/multigpu_*.tar.gz)
 echo "== the tarball installed as a user does: install_multigpu(), then training"
 bash "$root/.ci/r-install-test.sh" "$tarball"
 
-echo "== R CMD check --no-manual --ignore-vignettes"
+check_options=(--no-manual --ignore-vignettes --no-examples)
+if [ "${R_CHECK_EXAMPLES:-0}" = 1 ]; then check_options=(--no-manual --ignore-vignettes); fi
+echo "== R CMD check ${check_options[*]}"
 status=0
-(cd "$out" && R CMD check --no-manual --ignore-vignettes "$tarball") || status=$?
+(cd "$out" && R CMD check "${check_options[@]}" "$tarball") || status=$?
 log="$out/multigpu.Rcheck/00check.log"
 
 echo "== testthat"
