@@ -18,39 +18,39 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _seeded():
+    # What the previous test's fixtures left (pytest lets go of their values
+    # only after that test's teardown) is collected here, and what survives
+    # is frozen (_collect_garbage).
+    _collect_garbage(freeze=True)
     keras.utils.set_random_seed(1234)
     yield
     # Freeing an aged tf.data iterator can wait up to a minute for its
     # threads (docs/tf-data-stall.md); a failed fit frees its own before it
     # raises. Garbage is collected here, so that any other such wait falls
     # in the teardown of the test that left the iterator, which --durations
-    # names, not in whichever later test a collection happens to run.
-    _collect_this_tests_garbage()
+    # names, not in whichever later test a collection happens to run. A
+    # failed test's frames, which pytest keeps for post-mortem debugging
+    # (sys.last_traceback, until the next failure), are let go first.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    _collect_garbage(freeze=False)
 
 
-def _collect_this_tests_garbage():
-    """Collects what the test left, then freezes what survived.
+def _collect_garbage(freeze):
+    """A collection that walks only what was allocated since the last freeze.
 
     TensorFlow keeps every graph it traced alive (about 14,000 Python
-    objects per fit), so a full collection after each test walks a heap
-    that grows all through a worker's life: 1 s per test early, many
-    seconds late, and the automatic collections during tracing walk it
-    too. gc.freeze() moves the survivors out of the collector's sight, so
-    each collection walks only what was allocated since the last one. What
-    a frozen object later leaves as garbage waits for the module's end
-    (`_module_garbage`).
+    objects per model fitted; keras.backend.clear_session() frees none of
+    them), so a full collection after each test walked a heap that grew
+    all through a worker's life, and so did the automatic collections
+    during tracing. gc.freeze() moves what survived out of the collector's
+    sight for good: the objects of module- and session-scoped fixtures,
+    which live past a test, are never collected (a leak of a few models).
     """
     gc.collect()
-    gc.freeze()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _module_garbage():
-    """Once per test module: everything is collectable again and collected
-    (module fixtures are finalized by then), then frozen again."""
-    yield
-    gc.unfreeze()
-    _collect_this_tests_garbage()
+    if freeze:
+        gc.freeze()
 
 
 def pytest_configure(config):
