@@ -108,17 +108,19 @@ lint: setup-python
 	$(END)
 
 # Two pytest-xdist workers halve the wall time on CI's 2 cores; the slow
-# sweeps and the R parity (test-r-parity) are left out; --durations lists
-# the slowest tests, to keep CI within its time.
+# sweeps, the R parity (test-r-parity) and the checks of the benchmark
+# harness's outputs (bench-quick) are left out; --durations lists the
+# slowest tests, to keep CI within its time.
 test-python: setup-python slurm-up
 	$(START)
-	$(PY) -m pytest -q -m "not slow and not r_parity" --durations=15 \
+	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=15 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
 	  --ignore=tests/python/test_scenario_python.py
 	$(END)
 
-# The R package: NAMESPACE and man/ up to date, R CMD build (knits the
-# vignettes), the tarball installing itself, R CMD check with testthat.
+# The R package: NAMESPACE and man/ up to date, R CMD build (the vignettes
+# are knitted once, by pkgdown in `make docs`), the tarball installing
+# itself, R CMD check with testthat.
 test-r: setup
 	$(START)
 	bash .ci/r-check.sh
@@ -167,10 +169,13 @@ bench: setup-python
 	done
 
 # The harness runs once so it never rots: it must run and write its outputs
-# (out/bench-quick); the numbers are not checked.
+# (out/bench-quick), which test_bench.py's bench_quick tests then check
+# (they run here, not in test-python); the numbers are not checked.
 bench-quick: setup-python
 	$(START)
 	$(PY) -m bench --quick --output out/bench-quick
+	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
+	  tests/python/test_bench.py
 	$(END)
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from

@@ -4,13 +4,20 @@
 #   bash .ci/r-check.sh
 #
 # 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
-# 2. R CMD build (runs the three vignettes for real).
+# 2. R CMD build of a copy of the sources without .git, .venv, .r-lib and
+#    out/ (R 4.2's R CMD build copies the whole directory, 2.3 GB of .venv
+#    included, before it applies .Rbuildignore). The vignettes are not
+#    knitted here: `make docs` knits every one of them (pkgdown's articles,
+#    which fail on any error). R_CHECK_VIGNETTES=1 knits them here too, for
+#    a tarball to publish.
 # 3. .ci/r-install-test.sh: the tarball installed into an empty library,
 #    install_multigpu() run elsewhere, a model trained with it.
-# 4. R CMD check --no-manual --ignore-vignettes on the tarball (examples and
-#    the testthat suite; the vignettes' code ran a moment ago when R CMD
-#    build knitted them, which fails on any error, so it is not run twice);
-#    any ERROR or WARNING fails, NOTEs are listed.
+# 4. R CMD check --no-manual --ignore-vignettes --no-examples on the
+#    tarball (the testthat suite and the package's structure; the vignettes
+#    and the examples run in `make docs`: pkgdown knits every article and
+#    runs every example, and .ci/docs-check.py fails on an example's
+#    error); any ERROR or WARNING fails, NOTEs are listed.
+#    R_CHECK_EXAMPLES=1 runs the examples here too.
 # 5. The testthat counts, as "N passed, N failed, N skipped"; a failure, and
 #    in CI also a skip, fails.
 #
@@ -36,11 +43,16 @@ if [ ! -x "$RETICULATE_PYTHON" ]; then
   exit 1
 fi
 
+# The sources without what is not the package's (environments, outputs).
+copy_sources() {
+  rm -rf "$1" && mkdir -p "$1"
+  tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./.r-lib \
+    --exclude=./.r-current --exclude=./out --exclude='./*.Rcheck' \
+    -cf - . | tar -xf - -C "$1"
+}
+
 echo "== roxygen2: NAMESPACE and man/ are up to date"
-rm -rf "$out/roxygen" && mkdir -p "$out/roxygen"
-tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./.r-lib \
-  --exclude=./.r-current --exclude=./out --exclude='./*.Rcheck' \
-  -cf - . | tar -xf - -C "$out/roxygen"
+copy_sources "$out/roxygen"
 (cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
 if ! diff -r -q "$root/man" "$out/roxygen/man" ||
    ! diff -q "$root/NAMESPACE" "$out/roxygen/NAMESPACE"; then
@@ -50,15 +62,20 @@ if ! diff -r -q "$root/man" "$out/roxygen/man" ||
 fi
 
 echo "== R CMD build"
-(cd "$out" && R CMD build "$root")
+copy_sources "$out/source/multigpu"
+build_options=(--no-build-vignettes)
+if [ "${R_CHECK_VIGNETTES:-0}" = 1 ]; then build_options=(); fi
+(cd "$out" && R CMD build "${build_options[@]}" "$out/source/multigpu")
 tarball=$(ls "$out"/multigpu_*.tar.gz)
 
 echo "== the tarball installed as a user does: install_multigpu(), then training"
 bash "$root/.ci/r-install-test.sh" "$tarball"
 
-echo "== R CMD check --no-manual --ignore-vignettes"
+check_options=(--no-manual --ignore-vignettes --no-examples)
+if [ "${R_CHECK_EXAMPLES:-0}" = 1 ]; then check_options=(--no-manual --ignore-vignettes); fi
+echo "== R CMD check ${check_options[*]}"
 status=0
-(cd "$out" && R CMD check --no-manual --ignore-vignettes "$tarball") || status=$?
+(cd "$out" && R CMD check "${check_options[@]}" "$tarball") || status=$?
 log="$out/multigpu.Rcheck/00check.log"
 
 echo "== testthat"

@@ -18,14 +18,46 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _seeded():
+    # What the previous test's fixtures left (pytest lets go of their values
+    # only after that test's teardown) is collected here, and what survives
+    # is frozen (_collect_garbage).
+    _collect_garbage(freeze=True)
     keras.utils.set_random_seed(1234)
     yield
     # Freeing an aged tf.data iterator can wait up to a minute for its
     # threads (docs/tf-data-stall.md); a failed fit frees its own before it
     # raises. Garbage is collected here, so that any other such wait falls
     # in the teardown of the test that left the iterator, which --durations
-    # names, not in whichever later test a collection happens to run.
+    # names, not in whichever later test a collection happens to run. A
+    # failed test's frames, which pytest keeps for post-mortem debugging
+    # (sys.last_traceback, until the next failure), are let go first.
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    _collect_garbage(freeze=False)
+
+
+def _collect_garbage(freeze):
+    """A collection that walks only what was allocated since the last freeze.
+
+    TensorFlow keeps every graph it traced alive (about 14,000 Python
+    objects per model fitted; keras.backend.clear_session() frees none of
+    them), so a full collection after each test walked a heap that grew
+    all through a worker's life, and so did the automatic collections
+    during tracing. gc.freeze() moves what survived out of the collector's
+    sight for good: the objects of module- and session-scoped fixtures,
+    which live past a test, are never collected (a leak of a few models).
+    """
     gc.collect()
+    if freeze:
+        gc.freeze()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "bench_quick: checks the benchmark harness's outputs: "
+        "`make bench-quick` runs them on its own run's outputs "
+        "(MULTIGPU_BENCH_QUICK_OUTPUT), so `make test-python` leaves them out")
 
 
 @pytest.fixture
