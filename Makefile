@@ -161,7 +161,7 @@ slurm-up:
 # only its plumbing, on the smallest inputs): the main comparison, then
 # each question of docs/benchmarks.md in a run of its own.
 BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
-	sync_batchnorm_cost guard_cost
+	sync_batchnorm_cost guard_cost zero_row_padding
 bench: setup-python
 	$(PY) -m bench --output docs/bench
 	set -e; for side in $(BENCH_SIDES); do \

@@ -269,3 +269,18 @@ def test_the_guard_cost_benchmark_pairs_guarded_and_unguarded_steps():
     assert row["twins"] == 2
     assert row["null_low"] <= row["null_ratio"] <= row["null_high"]
     assert "| demo | replicate | 2 |" in guard_cost.markdown([row])
+
+
+def test_the_zero_row_padding_benchmark_steps_its_three_variants():
+    # The smallest run whose intervals exist (3 rounds), 2 devices: the
+    # old cond, the padded default and the pooled path each step, and
+    # the row reports both ratios; never how fast.
+    from bench import zero_row_padding
+    from conftest import DEVICES
+
+    row = zero_row_padding.measure("demo", DEVICES[:2], rounds=3)
+    assert all(row[f"{v}_ms"] > 0 for v in zero_row_padding.VARIANTS)
+    for other in ("cond", "pooled"):
+        ratio, low, high = row[f"padded_over_{other}"]
+        assert low <= ratio <= high
+    assert "| demo | 2 |" in zero_row_padding.markdown([row])
