@@ -26,8 +26,10 @@ ERRORS = {"nan": NonFiniteInputError, "callback": RuntimeError,
           "interrupt": KeyboardInterrupt}
 # A bound on a hang, not a speed target: a collection takes well under a
 # second, a stalled iterator 4 to 60 s. A mirrored fit alone takes 1 to 4 s
-# on a shared 2-core machine, so the fit after a failure is bounded by a
-# fit before any failure, measured beside it, plus this.
+# on a shared 2-core machine and twice that when the other test worker is
+# busy, so the fit after a failure is bounded by twice the slowest fit
+# before any failure, measured beside it, plus this. The exact check is
+# the test above: the iterators are gone before the error is raised.
 HANG = 2.0
 
 
@@ -129,5 +131,5 @@ def test_after_three_failed_fits_collecting_and_fitting_again_do_not_hang(rng):
         history = parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
         took[how] = (collected, time.perf_counter() - start)
         assert np.isfinite(history.history["loss"]).all()
-    assert all(c < HANG and f < max(before) + HANG
+    assert all(c < HANG and f < 2 * max(before) + HANG
                for c, f in took.values()), (took, before)

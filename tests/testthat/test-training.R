@@ -109,9 +109,11 @@ test_that("keras3's gradient_accumulation_steps equals one step on the larger ba
 test_that("after each of three failed fit() calls, collecting and fitting again do not hang", {
   # A failed fit() frees its tf.data iterator before the error reaches R;
   # freed later by a garbage collection it could wait up to a minute
-  # (docs/ci.md). 2 s bounds a hang: a collection takes well under 1 s; the
-  # fit after a failure is bounded by a fit before any, measured here (a
-  # mirrored fit alone takes 1 to 4 s on a shared 2-core machine), plus 2 s.
+  # (docs/ci.md). These bound a hang, not a speed: a collection takes well
+  # under 1 s where a stalled iterator took 4 to 60 s, but R CMD check runs
+  # beside other test processes, so 4 s; the fit after a failure is bounded
+  # by twice a fit before any, measured here (a mirrored fit alone takes 1
+  # to 4 s on a shared 2-core machine), plus 2 s.
   skip_if_no_multigpu()
   parallel <- multi_gpu_model(tiny_model(), gpus = 2, engine = "mirrored")
   parallel |> compile(optimizer = "sgd", loss = "sparse_categorical_crossentropy")
@@ -150,8 +152,8 @@ test_that("after each of three failed fit() calls, collecting and fitting again 
     fitted <- system.time(
       history <- parallel |> fit(x, y, batch_size = 8, epochs = 1, verbose = 0)
     )[["elapsed"]]
-    expect_lt(collected, 2, label = paste(how, "collection"))
-    expect_lt(fitted, before + 2, label = paste(how, "next fit()"))
+    expect_lt(collected, 4, label = paste(how, "collection"))
+    expect_lt(fitted, 2 * before + 2, label = paste(how, "next fit()"))
     expect_true(all(is.finite(history$metrics$loss)), label = how)
   }
 })
