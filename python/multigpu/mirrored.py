@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import accumulation as accumulation_lib
+from multigpu import internals
 from multigpu import strategy as strategy_lib
 from multigpu.copies import check_copy, copy_model
 from multigpu.distributed import weighted_by_rows
@@ -70,6 +71,51 @@ def _first_local(strategy):
         return value
 
     return first
+
+
+def layer_running_r(model):
+    """The first layer of `model` whose code is R's, or None.
+
+    keras3 makes a layer or model class written in R (`Layer()`,
+    `new_layer_class()`, `new_model_class()`) a Python class whose module
+    is named `<r-...>`; a Lambda layer over an R function calls it through
+    reticulate (`rpytools`). Reticulate runs R code on R's main thread
+    only.
+
+    Args:
+        model: A Keras model.
+
+    Returns:
+        The layer (`model` itself included), or None.
+    """
+    for layer in [model, *internals.nested_layers(model)]:
+        if any(str(getattr(cls, "__module__", "")).startswith("<r-")
+               for cls in type(layer).__mro__):
+            return layer
+        function = getattr(layer, "function", None)
+        if isinstance(layer, keras.layers.Lambda) and str(
+                getattr(function, "__module__", "")).startswith("rpytools"):
+            return layer
+    return None
+
+
+def _check_no_r_code(template):
+    """Refuses a model with R code: the replicas are traced in threads.
+
+    `MirroredStrategy.run` traces each replica's step in a thread of its
+    own while the main thread waits for them; an R function called there
+    waits for R's main thread, which never comes (the process hangs).
+    """
+    layer = layer_running_r(template)
+    if layer is None:
+        return
+    raise ValueError(
+        f"Invalid `model` for {setting('engine', 'mirrored')}: "
+        f"{literal(layer.name)} ({type(layer).__name__}) runs R code, and "
+        "the mirrored engine traces each replica in a thread of its own, "
+        "where R code cannot run (R runs on its main thread only; the call "
+        f"would wait forever). Use {setting('engine', 'replicate')}, which "
+        "traces every replica on the main thread.")
 
 
 def _check_same_weights(template, replica):
@@ -180,6 +226,7 @@ class MirroredModel(TemplateBacked, keras.Model):
 
     def __init__(self, template, devices, sync_batchnorm=False, **kwargs):
         devices = list(devices)
+        _check_no_r_code(template)
         strategy = strategy_lib.strategy_over(devices)
         # The copy's layers take the template's dtype policy, not a global
         # policy set since (a subclassed model's layers have no other).

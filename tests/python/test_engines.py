@@ -332,3 +332,23 @@ def test_the_mirrored_engine_refuses_several_steps_per_execution():
             r"3; .*Use steps_per_execution=1 \(the default\) or "
             r"engine='replicate'")):
         parallel.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+
+
+def test_a_layer_written_in_r_keeps_the_replicate_engine():
+    # keras3 names the module of a class written in R `<r-...>`; the
+    # mirrored engine traces replicas in threads, where R cannot run.
+    class RowPenalty(keras.layers.Layer):
+        __module__ = "<r-globalenv>"
+
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(RowPenalty(
+        name="penalty")(inputs)))
+    with pytest.raises(ValueError, match=r"'penalty' \(RowPenalty\) runs R "
+                       r"code[\s\S]*engine='replicate'"):
+        multigpu.multi_gpu_model(model, gpus=4, engine="mirrored")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert multigpu.multi_gpu_model(model, gpus=4).engine == "replicate"
