@@ -70,6 +70,12 @@
 #' and `fit()` such a model inside `with(mirrored_strategy()$scope(), ...)`
 #' instead, where Keras runs its own steps on every device.
 #'
+#' A layer written in R (keras3's `Layer()`, `new_layer_class()`, or
+#' `layer_lambda()` over an R function) runs on the replicate engine, which
+#' traces every replica on R's main thread; the mirrored engine, which
+#' traces each replica in a thread of its own where R cannot run, refuses
+#' it, and `engine = "auto"` keeps the replicate engine.
+#'
 #' @section Model saving:
 #' `save_model_hdf5()`, `save_model_weights_hdf5()` and `load_model_weights_hdf5()`
 #' (and Keras checkpoint callbacks) act on the template model when given the
