@@ -234,15 +234,7 @@ def flat_forward(model, inputs_struct, training, layout, pad=True,
         args = keras.tree.pack_sequence_as(inputs_struct, list(flat))
         with held_effects() as held:
             ys = keras.tree.flatten(model(args, training=training))
-        logits = [internals.logits_of(y) for y in ys]
-        layout.logits_at[:] = [i for i, z in enumerate(logits)
-                               if z is not None]
-        loss = held.loss()
-        layout.has_loss = loss is not None
-        layout.written[:] = [variable for variable, _ in held.writes]
-        return (ys + [logits[i] for i in layout.logits_at]
-                + ([loss] if loss is not None else [])
-                + [value for _, value in held.writes])
+        return layout.flat(ys, held)
 
     if not pad:
         return forward
@@ -265,6 +257,30 @@ class PassLayout:
         self.logits_at = []
         self.has_loss = False
         self.written = []
+
+    def flat(self, ys, held):
+        """A pass's flat outputs, its logits, loss and writes, laid out.
+
+        Fills in the layout from what the pass made.
+
+        Args:
+            ys: The pass's flat outputs.
+            held: The `held_effects` of the pass.
+
+        Returns:
+            The outputs, the logits of those that have them, the loss
+            (when a layer added one) and the new values of the written
+            variables, in one list (`split` takes it apart).
+        """
+        logits = [internals.logits_of(y) for y in ys]
+        self.logits_at[:] = [i for i, z in enumerate(logits)
+                             if z is not None]
+        loss = held.loss()
+        self.has_loss = loss is not None
+        self.written[:] = [variable for variable, _ in held.writes]
+        return (list(ys) + [logits[i] for i in self.logits_at]
+                + ([loss] if loss is not None else [])
+                + [value for _, value in held.writes])
 
     def split(self, flat_outputs):
         """`(outputs, loss, new_values)` of a `flat_forward` function's outputs.

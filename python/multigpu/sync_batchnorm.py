@@ -446,15 +446,7 @@ def _segment_function(nodes, needed, exports, training, layout):
                 "layer or a later part of the model, and the walk across "
                 f"replicas does not carry masks. Use "
                 f"{setting('engine', 'mirrored')}.")
-        logits = [internals.logits_of(y) for y in ys]
-        layout.logits_at[:] = [i for i, z in enumerate(logits)
-                               if z is not None]
-        loss = held.loss()
-        layout.has_loss = loss is not None
-        layout.written[:] = [variable for variable, _ in held.writes]
-        return (ys + [logits[i] for i in layout.logits_at]
-                + ([loss] if loss is not None else [])
-                + [value for _, value in held.writes])
+        return layout.flat(ys, held)
 
     return forward
 

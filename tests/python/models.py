@@ -4,6 +4,18 @@ import keras
 import numpy as np
 
 
+class RaisesAtSecondBatch(keras.callbacks.Callback):
+    """Raises `error` when the second batch of an epoch has trained."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error = error
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise self.error
+
+
 def mlp(input_dim=8, units=16, outputs=3, name="mlp"):
     inputs = keras.Input((input_dim,), name="features")
     hidden = keras.layers.Dense(units, activation="relu", name="hidden")(inputs)

@@ -18,6 +18,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
+from models import RaisesAtSecondBatch
 from multigpu.finite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
@@ -31,16 +32,6 @@ ERRORS = {"nan": NonFiniteInputError, "callback": RuntimeError,
 # before any failure, measured beside it, plus this. The exact check is
 # the test above: the iterators are gone before the error is raised.
 HANG = 2.0
-
-
-class _Raises(keras.callbacks.Callback):
-    def __init__(self, error):
-        super().__init__()
-        self.error = error
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == 1:
-            raise self.error
 
 
 def _model(engine):
@@ -63,7 +54,7 @@ def _failed_fit(parallel, how, x, y):
         x = x.copy()
         x[8 + 3, 0] = np.nan
     else:
-        callbacks = [_Raises(ERRORS[how]("stopped by a callback"))]
+        callbacks = [RaisesAtSecondBatch(ERRORS[how]("stopped by a callback"))]
     with pytest.raises(ERRORS[how]) as caught:
         parallel.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                      callbacks=callbacks)

@@ -17,6 +17,7 @@ import pytest
 import multigpu
 import retraining
 from conftest import DEVICES
+from models import RaisesAtSecondBatch
 from multigpu.finite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
@@ -34,16 +35,6 @@ def fresh_process(tmp_path_factory):
             for engine in retraining.ENGINES}
 
 
-class _Raises(keras.callbacks.Callback):
-    def __init__(self, error):
-        super().__init__()
-        self.error = error
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == 1:
-            raise self.error
-
-
 def _fail(parallel, how):
     """A `fit` of `parallel` that fails in its second batch, `how`."""
     x, y = retraining.batches()
@@ -55,7 +46,7 @@ def _fail(parallel, how):
         x = x.copy()
         x[retraining.BATCH + 3, 0] = np.nan
     else:
-        callbacks = [_Raises(error("stopped by a callback"))]
+        callbacks = [RaisesAtSecondBatch(error("stopped by a callback"))]
     with pytest.raises(error):
         parallel.fit(x, y, batch_size=retraining.BATCH, epochs=2,
                      shuffle=False, verbose=0, callbacks=callbacks)
