@@ -172,8 +172,14 @@ test_that("keras3 objects go into every function that takes a model, layer, opti
 guide_code <- function() {
   purled <- system.file("doc", "multi-device-guide.R", package = "multigpu")
   if (nzchar(purled)) return(readLines(purled))
-  source <- test_path("..", "..", "vignettes", "multi-device-guide.Rmd")
-  if (!file.exists(source)) return(NULL)
+  # The source tree's vignette, or under R CMD check (which builds no
+  # vignettes here: make docs knits them) the unpacked tarball's, beside
+  # the tests' directory.
+  sources <- c(test_path("..", "..", "vignettes", "multi-device-guide.Rmd"),
+               test_path("..", "..", "00_pkg_src", "multigpu", "vignettes",
+                         "multi-device-guide.Rmd"))
+  source <- Find(file.exists, sources)
+  if (is.null(source)) return(NULL)
   output <- tempfile(fileext = ".R")
   knitr::purl(source, output = output, quiet = TRUE, documentation = 0L)
   readLines(output)
