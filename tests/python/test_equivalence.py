@@ -383,3 +383,23 @@ def test_state_a_copy_loses_is_reported(engine, rng):
         assert "engine='replicate'" in report.cause
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_strategy_engine_refuses_a_layer_written_in_r(rng):
+    # keras3 names the module of a class written in R `<r-...>`; Keras's fit
+    # under MirroredStrategy traces replicas in threads, where R cannot run.
+    class RowPenalty(keras.layers.Layer):
+        __module__ = "<r-globalenv>"
+
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(RowPenalty(
+        name="penalty")(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    x = rng.standard_normal((16, 4)).astype("float32")
+    y = rng.standard_normal((16, 2)).astype("float32")
+    with pytest.raises(ValueError, match=r"'penalty' \(RowPenalty\) runs R "
+                       r"code[\s\S]*engine='replicate'"):
+        multigpu.check_equivalence(model, x, y, gpus=4, engine="strategy")
