@@ -34,7 +34,7 @@ from multigpu.copies import CopyMismatch, check_copy, copy_model, mismatch_text
 from multigpu.engines import DEFAULT_ENGINE, multi_gpu_model
 from multigpu.functional import callable_graph
 from multigpu.messages import api, current_language, literal, literals, setting
-from multigpu.mirrored import layer_running_r
+from multigpu.mirrored import check_no_r_code
 from multigpu.sync_batchnorm import check_sync_batchnorm
 from multigpu.template import built_like
 
@@ -237,17 +237,10 @@ def _strategy_copy(model, strategy):
     Raises:
         CopyMismatch: if the copy computes otherwise than `model`.
         ValueError: if `model` cannot be copied, or has a layer written in
-            R (`mirrored.layer_running_r`).
+            R (`mirrored.check_no_r_code`).
     """
     invalid = f"Invalid `model` for {setting('engine', 'strategy')}"
-    r_layer = layer_running_r(model)
-    if r_layer is not None:
-        raise ValueError(
-            f"{invalid}: {literal(r_layer.name)} "
-            f"({type(r_layer).__name__}) runs R code, and Keras's fit under "
-            "a MirroredStrategy traces each replica in a thread of its own, "
-            "where R code cannot run (the call would wait forever). Use "
-            f"{setting('engine', 'replicate')}.")
+    check_no_r_code(model, invalid)
     with strategy.scope(), built_like(model):
         try:
             copy = copy_model(model)

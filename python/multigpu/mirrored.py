@@ -99,23 +99,30 @@ def layer_running_r(model):
     return None
 
 
-def _check_no_r_code(template):
-    """Refuses a model with R code: the replicas are traced in threads.
+def check_no_r_code(model, invalid):
+    """Refuses a model with R code: a strategy traces replicas in threads.
 
     `MirroredStrategy.run` traces each replica's step in a thread of its
     own while the main thread waits for them; an R function called there
     waits for R's main thread, which never comes (the process hangs).
+
+    Args:
+        model: The Keras model.
+        invalid: What the message starts with: the argument that is
+            invalid, and for what (``"Invalid `model` for ..."``).
+
+    Raises:
+        ValueError: naming the layer written in R (`layer_running_r`).
     """
-    layer = layer_running_r(template)
+    layer = layer_running_r(model)
     if layer is None:
         return
     raise ValueError(
-        f"Invalid `model` for {setting('engine', 'mirrored')}: "
-        f"{literal(layer.name)} ({type(layer).__name__}) runs R code, and "
-        "the mirrored engine traces each replica in a thread of its own, "
-        "where R code cannot run (R runs on its main thread only; the call "
-        f"would wait forever). Use {setting('engine', 'replicate')}, which "
-        "traces every replica on the main thread.")
+        f"{invalid}: {literal(layer.name)} ({type(layer).__name__}) runs R "
+        "code, and a MirroredStrategy traces each replica in a thread of "
+        "its own, where R code cannot run (R runs on its main thread only; "
+        f"the call would wait forever). Use {setting('engine', 'replicate')}"
+        ", which traces every replica on the main thread.")
 
 
 def _check_same_weights(template, replica):
@@ -226,7 +233,8 @@ class MirroredModel(TemplateBacked, keras.Model):
 
     def __init__(self, template, devices, sync_batchnorm=False, **kwargs):
         devices = list(devices)
-        _check_no_r_code(template)
+        check_no_r_code(template, "Invalid `model` for "
+                        f"{setting('engine', 'mirrored')}")
         strategy = strategy_lib.strategy_over(devices)
         # The copy's layers take the template's dtype policy, not a global
         # policy set since (a subclassed model's layers have no other).

@@ -16,6 +16,24 @@ class RaisesAtSecondBatch(keras.callbacks.Callback):
             raise self.error
 
 
+def model_with_r_layer():
+    """A model with a layer as keras3 makes one written in R.
+
+    keras3 names the module of such a class `<r-...>`; its `call` would run
+    R code through reticulate.
+    """
+
+    class RowPenalty(keras.layers.Layer):
+        __module__ = "<r-globalenv>"
+
+        def call(self, x):
+            return x
+
+    inputs = keras.Input((4,))
+    return keras.Model(inputs, keras.layers.Dense(2)(RowPenalty(
+        name="penalty")(inputs)))
+
+
 def mlp(input_dim=8, units=16, outputs=3, name="mlp"):
     inputs = keras.Input((input_dim,), name="features")
     hidden = keras.layers.Dense(units, activation="relu", name="hidden")(inputs)

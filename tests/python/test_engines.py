@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
+from models import copy_of, data, images, max_weight_difference, mlp, model_with_r_layer, pooled_cnn
 from multigpu import engines, mirrored, scaling
 
 
@@ -335,17 +335,8 @@ def test_the_mirrored_engine_refuses_several_steps_per_execution():
 
 
 def test_a_layer_written_in_r_keeps_the_replicate_engine():
-    # keras3 names the module of a class written in R `<r-...>`; the
-    # mirrored engine traces replicas in threads, where R cannot run.
-    class RowPenalty(keras.layers.Layer):
-        __module__ = "<r-globalenv>"
-
-        def call(self, x):
-            return x
-
-    inputs = keras.Input((4,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(RowPenalty(
-        name="penalty")(inputs)))
+    # The mirrored engine traces replicas in threads, where R cannot run.
+    model = model_with_r_layer()
     with pytest.raises(ValueError, match=r"'penalty' \(RowPenalty\) runs R "
                        r"code[\s\S]*engine='replicate'"):
         multigpu.multi_gpu_model(model, gpus=4, engine="mirrored")

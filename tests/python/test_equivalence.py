@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import multigpu
+from models import model_with_r_layer
 from multigpu import messages
 from multigpu.equivalence import EquivalenceReport, check_equivalence
 
@@ -386,17 +387,9 @@ def test_state_a_copy_loses_is_reported(engine, rng):
 
 
 def test_the_strategy_engine_refuses_a_layer_written_in_r(rng):
-    # keras3 names the module of a class written in R `<r-...>`; Keras's fit
-    # under MirroredStrategy traces replicas in threads, where R cannot run.
-    class RowPenalty(keras.layers.Layer):
-        __module__ = "<r-globalenv>"
-
-        def call(self, x):
-            return x
-
-    inputs = keras.Input((4,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(RowPenalty(
-        name="penalty")(inputs)))
+    # Keras's fit under MirroredStrategy traces replicas in threads, where
+    # R cannot run.
+    model = model_with_r_layer()
     model.compile(optimizer="sgd", loss="mse")
     x = rng.standard_normal((16, 4)).astype("float32")
     y = rng.standard_normal((16, 2)).astype("float32")
