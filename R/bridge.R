@@ -73,7 +73,7 @@ explain_python_error <- function(exception) {
   if (is.null(exception) || !isTRUE(.globals$ready)) return(NULL)
   tryCatch(
     {
-      strategy <- reticulate::import("multigpu.strategy", convert = FALSE)
+      strategy <- reticulate::import("multigpu.distribute.strategy", convert = FALSE)
       explained <- strategy$explain_error(exception)
       if (reticulate::py_is_null_xptr(explained) ||
           identical(reticulate::py_to_r(explained), NULL)) NULL else explained

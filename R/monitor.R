@@ -19,8 +19,8 @@
 #' the compiled step, where no callback can time it apart. The monitor's
 #' own cost per step is in the package's benchmarks (docs/benchmarks.md).
 #'
-#' Read the results with [summary()][summary.multigpu.monitor.ScalingMonitor]
-#' and draw them with [plot()][plot.multigpu.monitor.ScalingMonitor].
+#' Read the results with [summary()][summary.multigpu.insight.monitor.ScalingMonitor]
+#' and draw them with [plot()][plot.multigpu.insight.monitor.ScalingMonitor].
 #'
 #' @param baseline_steps Timed steps of the one-device copy, a whole
 #'   number >= 0 (0: no baseline, so no speed-up, efficiency or warning).
@@ -82,7 +82,7 @@ callback_scaling_monitor <- function(baseline_steps = 5, warmup_steps = 2,
 #' model |> fit(x, rowSums(x), batch_size = 16, epochs = 1, verbose = 0,
 #'              callbacks = list(monitor))
 #' str(summary(monitor))
-summary.multigpu.monitor.ScalingMonitor <- function(object, ...) {
+summary.multigpu.insight.monitor.ScalingMonitor <- function(object, ...) {
   result <- with_python(object$summary())
   notes <- unlist(result$notes)
   result <- lapply(result[setdiff(names(result), "notes")],
@@ -99,7 +99,7 @@ summary.multigpu.monitor.ScalingMonitor <- function(object, ...) {
 #' Draws, with base graphics, the samples per second of each measured step,
 #' with dashed lines for the one-device baseline and the ideal (the baseline
 #' times the devices); the title gives the speed-up and efficiency. The
-#' numbers are the Python core's (`multigpu.plotting.scaling_lines`).
+#' numbers are the Python core's (`multigpu.insight.plotting.scaling_lines`).
 #'
 #' @param x A callback from [callback_scaling_monitor()] that watched a fit.
 #' @param y Unused.
@@ -120,9 +120,9 @@ summary.multigpu.monitor.ScalingMonitor <- function(object, ...) {
 #' parallel_model |> fit(x, rowSums(x), batch_size = 16, epochs = 1, verbose = 0,
 #'                       callbacks = list(monitor))
 #' plot(monitor)
-plot.multigpu.monitor.ScalingMonitor <- function(x, y, ...) {
+plot.multigpu.insight.monitor.ScalingMonitor <- function(x, y, ...) {
   summary <- with_python(x$summary())
-  plotting <- reticulate::import("multigpu.plotting")
+  plotting <- reticulate::import("multigpu.insight.plotting")
   lines <- with_python(plotting$scaling_lines(summary, x$history()))
   steps <- as.integer(unlist(lines$steps))
   if (!length(steps)) {

@@ -158,7 +158,7 @@ plot.multigpu_placement_report <- function(x, y, ...) {
            function(value) if (is.na(value)) NULL else value)
   })
   core()
-  plotting <- reticulate::import("multigpu.plotting")
+  plotting <- reticulate::import("multigpu.insight.plotting")
   bars <- with_python(plotting$placement_bars(rows))
   metrics <- vapply(bars$metrics, function(metric) metric$name, "")
   # Metrics by devices: barplot() draws each column as one group.

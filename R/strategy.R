@@ -105,7 +105,7 @@ multi_worker_strategy <- function() {
   start_core_for_configuration()
   # Python copied the environment when it started; pass on what R sees now
   # (Sys.setenv(TF_CONFIG = ...) after Python started, say).
-  cluster <- reticulate::import("multigpu.cluster", convert = FALSE)
+  cluster <- reticulate::import("multigpu.cluster.resolver", convert = FALSE)
   with_python(cluster$use_environment(as.list(Sys.getenv())))
   call_core("multi_worker_strategy")
 }

@@ -4,13 +4,13 @@
 # so these methods run first and only wrap keras3's in the bridge: the
 # core's errors and warnings reach R as classed conditions, in R spelling.
 
-#' @exportS3Method compile multigpu.template.TemplateBacked
-compile.multigpu.template.TemplateBacked <- function(object, ...) {
+#' @exportS3Method compile multigpu.engines.template.TemplateBacked
+compile.multigpu.engines.template.TemplateBacked <- function(object, ...) {
   invisible(with_python(NextMethod()))
 }
 
-#' @exportS3Method fit multigpu.template.TemplateBacked
-fit.multigpu.template.TemplateBacked <- function(object, x = NULL, ..., shuffle) {
+#' @exportS3Method fit multigpu.engines.template.TemplateBacked
+fit.multigpu.engines.template.TemplateBacked <- function(object, x = NULL, ..., shuffle) {
   # Keras ignores `shuffle` for a dataset (shuffle it when building it) and
   # warns about keras3's default TRUE; unless asked, send FALSE.
   if (missing(shuffle) && is_dataset(x)) {
@@ -19,12 +19,12 @@ fit.multigpu.template.TemplateBacked <- function(object, x = NULL, ..., shuffle)
   invisible(with_python(NextMethod()))
 }
 
-#' @exportS3Method evaluate multigpu.template.TemplateBacked
-evaluate.multigpu.template.TemplateBacked <- function(object, ...) {
+#' @exportS3Method evaluate multigpu.engines.template.TemplateBacked
+evaluate.multigpu.engines.template.TemplateBacked <- function(object, ...) {
   with_python(NextMethod())
 }
 
-#' @exportS3Method predict multigpu.template.TemplateBacked
-predict.multigpu.template.TemplateBacked <- function(object, ...) {
+#' @exportS3Method predict multigpu.engines.template.TemplateBacked
+predict.multigpu.engines.template.TemplateBacked <- function(object, ...) {
   with_python(NextMethod())
 }

@@ -10,7 +10,7 @@ the real network, which takes about an hour per count on 2 shared cores) and
 bytes one training step moves between devices
 (`multigpu.placement.step_traffic`) for each engine of `multi_gpu_model`
 and for `model_parallel`, and times the plain model's step on one
-replica's rows. `multigpu.scaling.predict_step` turns those into step
+replica's rows. `multigpu.insight.scaling.predict_step` turns those into step
 times and speed-ups on PCIe 4.0, NVLink 3 and NVLink 4. Byte counts are
 exact (they do not depend on the machine's load); compute times do.
 """
@@ -113,7 +113,8 @@ def worker(workload, num_devices, engines, repeats):
     devices = multigpu.virtual_devices(num_devices)
     import warnings
 
-    from multigpu import communication, placement
+    from multigpu import placement
+    from multigpu.placement import communication
 
     warnings.simplefilter("ignore", UserWarning)
     rows = ROWS_PER_REPLICA[workload]
@@ -174,7 +175,7 @@ def extrapolate(row, n):
     Returns:
         A row like a counted one, with `"extrapolated_from": 2`.
     """
-    from multigpu import communication
+    from multigpu.placement import communication
 
     if row["devices"] != 2 or row["engine"] not in ("replicate", "mirrored"):
         raise ValueError(f"cannot extrapolate {row['engine']} from "
@@ -243,7 +244,8 @@ def predictions(rows):
 
 def _predict(row, engine, traffic):
     """One configuration's predictions on every link and compute time."""
-    from multigpu import communication, scaling
+    from multigpu.insight import scaling
+    from multigpu.placement import communication
 
     # Compute time of one replica's TARGET_ROWS rows: measured on this CPU
     # (scaled linearly from the counted rows), and for ResNet-50 an A100's.
@@ -274,7 +276,8 @@ def _mib(n):
 
 def markdown(rows, preds):
     """The communication tables as Markdown."""
-    from multigpu import communication, scaling
+    from multigpu.insight import scaling
+    from multigpu.placement import communication
 
     lines = ["### Bytes per training step (MiB), busiest device vs the bound",
              "",
@@ -320,7 +323,8 @@ def plot(rows, preds, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from multigpu import communication, scaling
+    from multigpu.insight import scaling
+    from multigpu.placement import communication
 
     eight = [r for r in rows if r["devices"] == 8
              and r["engine"] != "model_parallel"]

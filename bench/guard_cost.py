@@ -6,7 +6,7 @@ The engines' training step checks every floating-point tensor of its
 share of the batch for NaN and inf, and every write of the step (the
 update, the captured writes of the forward pass, the metrics) waits for
 one assertion that every share was finite; the forward pass and the
-gradients run beside the check (`multigpu.training_step`). For each
+gradients run beside the check (`multigpu.step.train_step`). For each
 workload of `bench/models.py`, engine and device count, one process (its
 logical CPU devices fixed at start) builds the same template four times
 with the same weights, two models with the guard (`check_finite=True`)
@@ -21,7 +21,7 @@ and two without (`check_finite=False`), and times their steps side by side:
 * **the null**: the same ratio between the two unguarded models. Two models
   that are the same can differ by a percent or two in one process; this
   column says how far from 1.0 the run puts "no difference";
-* **the guard alone**: `multigpu.finite.check` of the same batch and identities of what it
+* **the guard alone**: `multigpu.step.nonfinite.check` of the same batch and identities of what it
   passes on, in a
   `tf.function` of its own, paired with the same function without it
   (identities only) and net of it: what the check's ops cost without the
@@ -79,7 +79,7 @@ def _guard_alone(x, y, rounds, seed=0):
     """
     import tensorflow as tf
 
-    from multigpu import finite
+    from multigpu.step import nonfinite as finite
 
     @tf.function
     def guarded(x, y):

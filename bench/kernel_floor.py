@@ -39,7 +39,7 @@ def _step_function(model, devices, batch_size):
     import keras
     import tensorflow as tf
 
-    from multigpu.forward import split_bounds
+    from multigpu.engines.tensorflow.forward import split_bounds
 
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     weights = model.trainable_weights

@@ -64,8 +64,8 @@ def _cond_guarded_class():
     import keras
 
     from multigpu import internals
-    from multigpu.forward import forward_only_when_empty, with_logits
-    from multigpu.mirrored import MirroredModel
+    from multigpu.engines.tensorflow.forward import forward_only_when_empty, with_logits
+    from multigpu.engines.tensorflow.mirrored import MirroredModel
 
     class CondGuarded(MirroredModel):
         def call(self, inputs, training=None, mask=None):

@@ -21,26 +21,30 @@ except ModuleNotFoundError as error:
     ) from error
 
 from multigpu.checkpoints import checkpoint_callbacks, make_or_restore_model
-from multigpu.data import distributed_dataset
 from multigpu.devices import (
     available_devices,
     canonical_device_name,
     resolve_devices,
     virtual_devices,
 )
-from multigpu.distributed import fit_distributed
-from multigpu.engines import multi_gpu_model
-from multigpu.equivalence import EquivalenceReport, check_equivalence
-from multigpu.finite import NonFiniteInputError
-from multigpu.memory_plan import MemoryPlan, find_batch_size, memory_plan
-from multigpu.mirrored import MirroredModel
-from multigpu.model_parallel import PartitionedModel, model_parallel
-from multigpu.monitor import ScalingMonitor
+from multigpu.distribute.datasets import distributed_dataset
+from multigpu.distribute.fit import fit_distributed
+from multigpu.distribute.strategy import (
+    StrategyUsageError,
+    mirrored_strategy,
+    multi_worker_strategy,
+)
+from multigpu.engines.front import multi_gpu_model
+from multigpu.engines.tensorflow.mirrored import MirroredModel
+from multigpu.engines.tensorflow.replicate import DataParallelReplicas, ParallelModel
+from multigpu.insight.equivalence import EquivalenceReport, check_equivalence
+from multigpu.insight.memory_plan import MemoryPlan, find_batch_size, memory_plan
+from multigpu.insight.monitor import ScalingMonitor
+from multigpu.insight.plotting import plot_placement
+from multigpu.partition.model_parallel import PartitionedModel, model_parallel
 from multigpu.placement import executed_ops, placement_report
-from multigpu.plotting import plot_placement
-from multigpu.replicas import DataParallelReplicas, ParallelModel
 from multigpu.saving import load_model, save_model
-from multigpu.strategy import StrategyUsageError, mirrored_strategy, multi_worker_strategy
+from multigpu.step.nonfinite import NonFiniteInputError
 
 __version__ = "0.1.0"
 

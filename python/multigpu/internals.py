@@ -137,7 +137,7 @@ def loss_tracker(model):
     """The `keras.metrics.Mean` that reports a compiled model's `loss`.
 
     Keras's `train_step` updates it; the engines' own step
-    (`multigpu.training_step`) does the same.
+    (`multigpu.step.train_step`) does the same.
     """
     return model._loss_tracker
 
@@ -189,7 +189,7 @@ def eager_context():
     return context.context()
 
 
-# The engines' hooks: the copy of an in-memory model (`multigpu.copies`) and
+# The engines' hooks: the copy of an in-memory model (`multigpu.engines.copies`) and
 # the memory plan (`multigpu.memory_plan`).
 
 
@@ -254,7 +254,7 @@ def run_branch_as_function(cond_output):
     return cond_output
 
 
-# The guarded step's stateless forward pass (`multigpu.stateless`).
+# The guarded step's stateless forward pass (`multigpu.step.stateless`).
 
 
 def stateless_scope():
@@ -308,7 +308,7 @@ def op_callback(callback):
                 op_callbacks.remove_op_callback(callback)
 
 
-# A failed `fit`'s input iterators (`multigpu.template.TemplateBacked.fit`).
+# A failed `fit`'s input iterators (`multigpu.engines.template.TemplateBacked.fit`).
 
 
 def release_iterator(iterator):

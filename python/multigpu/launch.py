@@ -34,8 +34,8 @@ import threading
 import time
 
 from multigpu.arguments import check_int
+from multigpu.cluster.readiness import READY_DIR_VARIABLE, not_ready
 from multigpu.messages import literal
-from multigpu.readiness import READY_DIR_VARIABLE, not_ready
 
 _POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1

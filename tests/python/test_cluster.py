@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu import cluster
+from multigpu.cluster import resolver as cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -12,7 +12,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
-from multigpu import communication
+from multigpu.placement import communication
 
 ROWS = 12
 WEIGHTS = (8 * 16 + 16 + 16 * 4 + 4) * 4

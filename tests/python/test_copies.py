@@ -1,7 +1,7 @@
 """The mirrored engine's copy of a model: KerasHub tasks, session Lambdas,
 adapted preprocessing, and state no copy carries.
 
-`multigpu.copies.copy_model` makes the copy the mirrored engine trains. A
+`multigpu.engines.copies.copy_model` makes the copy the mirrored engine trains. A
 KerasHub causal LM (its token embedding is also its output projection)
 copies weight for weight; a `Lambda` layer written in this session is
 trusted code and runs in the copy whatever globals it reads, while a saved
@@ -24,8 +24,8 @@ from hub_models import (
     token_batch,
 )
 from models import max_weight_difference
-from multigpu import scaling
-from multigpu.copies import CopyMismatch, copy_difference, copy_model, probe_batch
+from multigpu.engines import choice as choice_lib
+from multigpu.engines.copies import CopyMismatch, copy_difference, copy_model, probe_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
@@ -268,8 +268,8 @@ def test_a_copy_that_computes_otherwise_is_refused_naming_the_layer(factory):
 def test_auto_falls_back_to_the_replicate_engine_saying_why(
         monkeypatch, rng):
     # Judged as GPUs, 4 devices make "auto" predict the mirrored engine.
-    choose = scaling.choose_engine
-    monkeypatch.setattr(scaling, "choose_engine", lambda devices: choose(
+    choose = choice_lib.choose_engine
+    monkeypatch.setattr(choice_lib, "choose_engine", lambda devices: choose(
         [f"/device:GPU:{i}" for i in range(len(devices))]))
     template = _scaled()
     with pytest.warns(UserWarning, match=r"layer 'scaled' \(Scale\)"):

@@ -244,7 +244,7 @@ def test_numpy_scalars_are_accepted(rng):
 
 
 def test_a_seeded_order_depends_on_the_epoch_not_on_the_global_seed(rng):
-    from multigpu import epochs
+    from multigpu.checkpoints import epochs
     x, y = data(rng, 32)
     orders = {}
     for global_seed in (1, 2):

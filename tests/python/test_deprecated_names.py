@@ -6,7 +6,7 @@ import keras
 import pytest
 
 import multigpu
-from multigpu import replicas
+from multigpu.engines.tensorflow import replicate as replicas
 
 
 def test_data_parallel_is_a_deprecated_alias_of_data_parallel_replicas():

@@ -10,7 +10,9 @@ import tensorflow as tf
 
 import multigpu
 from models import copy_of, data, images, max_weight_difference, mlp, model_with_r_layer, pooled_cnn
-from multigpu import engines, mirrored, scaling
+from multigpu.engines import choice as choice_lib
+from multigpu.engines import front as engines
+from multigpu.engines.tensorflow import mirrored
 
 
 def _pair(gpus=4, optimizer=lambda: keras.optimizers.SGD(0.1, momentum=0.5)):
@@ -56,8 +58,8 @@ def test_explicit_engines_run_as_requested():
 @pytest.fixture
 def devices_read_as_gpus(monkeypatch):
     """`choose_engine` judging the logical devices as if they were GPUs."""
-    choose = scaling.choose_engine
-    monkeypatch.setattr(scaling, "choose_engine", lambda devices: choose(
+    choose = choice_lib.choose_engine
+    monkeypatch.setattr(choice_lib, "choose_engine", lambda devices: choose(
         [f"/device:GPU:{i}" for i in range(len(devices))]))
 
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import multigpu
 from models import data, mlp
-from multigpu import epochs
+from multigpu.checkpoints import epochs
 
 
 def _rows(dataset):

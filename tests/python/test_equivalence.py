@@ -11,7 +11,7 @@ import pytest
 import multigpu
 from models import model_with_r_layer
 from multigpu import messages
-from multigpu.equivalence import EquivalenceReport, check_equivalence
+from multigpu.insight.equivalence import EquivalenceReport, check_equivalence
 
 ENGINES = ["replicate", "mirrored", "strategy"]
 

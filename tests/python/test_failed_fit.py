@@ -19,7 +19,7 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import RaisesAtSecondBatch
-from multigpu.finite import NonFiniteInputError
+from multigpu.step.nonfinite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

@@ -7,7 +7,7 @@ from tensorflow.python.framework import ops as ops_lib
 
 import multigpu
 from models import mlp
-from multigpu import gradients
+from multigpu.step import gradients
 
 
 def _registered():

@@ -16,7 +16,7 @@ import pytest
 
 import multigpu
 from models import copy_of, data, max_weight_difference
-from multigpu.forward import rows_weighted_loss, split_bounds
+from multigpu.engines.tensorflow.forward import rows_weighted_loss, split_bounds
 
 ENGINES = ["replicate", "mirrored"]
 # (rows, batch_size): batches of 8 (2 per device), 10 rows in batches of
@@ -318,7 +318,7 @@ def test_layer_losses_with_pooled_batchnorm_train_as_the_template(
 def test_an_empty_share_runs_padded_and_writes_nothing():
     import tensorflow as tf
 
-    from multigpu.forward import PassLayout, flat_forward
+    from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
 
     inputs = keras.Input((8,), name="features")
     h = keras.layers.Dense(

@@ -95,7 +95,7 @@ def test_find_cycle_reports_a_cycle():
 
 def test_the_package_import_graph_has_no_cycle():
     graph = import_graph()
-    assert "multigpu.replicas" in graph and graph["multigpu.engines"]
+    assert "multigpu.engines.tensorflow.replicate" in graph and graph["multigpu.engines.front"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 

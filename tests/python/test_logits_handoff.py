@@ -17,7 +17,7 @@ import pytest
 
 import multigpu
 from models import copy_of
-from multigpu import engines
+from multigpu.engines import front as engines
 
 # (cross-entropy, output activation); each trains under both spellings.
 CROSS_ENTROPIES = (

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import multigpu
 from models import mlp
-from multigpu.memory_plan import activation_bytes
+from multigpu.insight.memory_plan import activation_bytes
 from multigpu.variables import variable_bytes
 
 MIB = 2**20

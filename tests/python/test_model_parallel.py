@@ -7,8 +7,8 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import copy_of, data, max_weight_difference
+from multigpu.partition.stages import balanced_split
 from multigpu.placement import PLUMBING_OPS, executed_nodes, variables_by_device
-from multigpu.stage_split import balanced_split
 from multigpu.variables import variable_device
 
 TOL = 1e-5

@@ -10,7 +10,7 @@ import pytest
 
 import multigpu
 from models import copy_of, data, max_weight_difference, mlp
-from multigpu import scaling
+from multigpu.insight import scaling
 from multigpu.variables import variable_bytes
 
 matplotlib.use("Agg")
@@ -39,7 +39,7 @@ def test_summary_of_a_fit_on_the_replicate_engine(rng):
     parallel = compiled_parallel(mlp())
     fit(parallel, rng, monitor)
     summary = monitor.summary()
-    assert set(summary) == set(multigpu.monitor.SUMMARY_KEYS)
+    assert set(summary) == set(multigpu.insight.monitor.SUMMARY_KEYS)
     assert summary["devices"] == 2 and summary["engine"] == "replicate"
     assert summary["batch_size"] == BATCH
     assert summary["steps"] == EPOCHS * ROWS // BATCH - monitor.warmup_steps

@@ -7,8 +7,8 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import ZOO, data, mlp, zoo_batch
-from multigpu.finite import NonFiniteInputError
 from multigpu.messages import language
+from multigpu.step.nonfinite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
@@ -76,7 +76,7 @@ def test_a_bad_batch_changes_no_variable_of_any_zoo_model(rng, name, engine):
     optimizer's slots and iteration count: all as before the bad batch.
 
     Every write of each model's step waits for the check's assertion
-    (`multigpu.training_step`), whatever its layers write.
+    (`multigpu.step.train_step`), whatever its layers write.
     """
     template = ZOO[name]()
     model = _engine_model(template, engine)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import multigpu
-from multigpu import messages, own_steps
+from multigpu import messages
+from multigpu.engines import own_steps
 
 
 class CustomStep(keras.Model):

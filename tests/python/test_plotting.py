@@ -9,8 +9,8 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import data
+from multigpu.insight.plotting import placement_bars
 from multigpu.placement import format_bytes
-from multigpu.plotting import placement_bars
 
 matplotlib.use("Agg")
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import multigpu
 from models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
-from multigpu.forward import split_bounds
+from multigpu.engines.tensorflow.forward import split_bounds
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
@@ -440,7 +440,7 @@ def test_outputs_sharing_a_layer_name_are_named_apart(rng, engine, loss):
 
 
 def test_unique_names_keep_first_uses_and_skip_taken_names():
-    from multigpu.functional import unique_names
+    from multigpu.engines.functional import unique_names
 
     assert unique_names(["add", "nested", "nested"]) == [
         "add", "nested", "nested_1"]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from multigpu import scaling
+from multigpu.engines import choice as choice_lib
+from multigpu.insight import scaling
 
 
 def test_busiest_device_sets_the_communication_time():
@@ -44,12 +45,12 @@ def test_bad_arguments_name_the_value():
 
 def test_choose_engine_follows_the_byte_counts():
     gpus = [f"/device:GPU:{i}" for i in range(8)]
-    assert scaling.choose_engine(gpus).engine == "mirrored"
-    assert "7 copies" in scaling.choose_engine(gpus).reason
-    assert scaling.choose_engine(gpus[:4]).engine == "mirrored"
-    assert scaling.choose_engine(gpus[:2]).engine == "replicate"
+    assert choice_lib.choose_engine(gpus).engine == "mirrored"
+    assert "7 copies" in choice_lib.choose_engine(gpus).reason
+    assert choice_lib.choose_engine(gpus[:4]).engine == "mirrored"
+    assert choice_lib.choose_engine(gpus[:2]).engine == "replicate"
     cpus = [f"/device:CPU:{i}" for i in range(4)]
-    assert scaling.choose_engine(cpus).engine == "replicate"
+    assert choice_lib.choose_engine(cpus).engine == "replicate"
 
 
 def test_auto_engine_on_gpu_names_follows_choose_engine():
@@ -58,20 +59,20 @@ def test_auto_engine_on_gpu_names_follows_choose_engine():
     gpus = [f"/device:GPU:{i}" for i in range(8)]
     for n, engine in ((2, "replicate"), (3, "mirrored"), (4, "mirrored"),
                       (8, "mirrored")):
-        choice = scaling.auto_engine(gpus[:n])
+        choice = choice_lib.auto_engine(gpus[:n])
         assert (choice.engine, choice.fallback) == (engine, None)
     cpus = [f"/device:CPU:{i}" for i in range(8)]
-    assert scaling.auto_engine(cpus).engine == "replicate"
-    assert "logical CPU devices" in scaling.auto_engine(cpus).reason
+    assert choice_lib.auto_engine(cpus).engine == "replicate"
+    assert "logical CPU devices" in choice_lib.auto_engine(cpus).reason
 
 
 def test_auto_engine_falls_back_when_cpu_merge_is_false():
     gpus = [f"/device:GPU:{i}" for i in range(4)]
-    choice = scaling.auto_engine(gpus, cpu_merge=False)
+    choice = choice_lib.auto_engine(gpus, cpu_merge=False)
     assert choice.engine == "replicate"
     assert "cpu_merge=False" in choice.fallback
-    message = scaling.fallback_message(choice)
+    message = choice_lib.fallback_message(choice)
     assert message.startswith("engine='auto' would pick the mirrored engine")
     assert "using engine='replicate'" in message
     # On 2 GPUs auto picks the replicate engine anyway: nothing to fall from.
-    assert scaling.auto_engine(gpus[:2], cpu_merge=False).fallback is None
+    assert choice_lib.auto_engine(gpus[:2], cpu_merge=False).fallback is None

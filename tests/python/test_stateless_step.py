@@ -1,7 +1,7 @@
 """The guarded step's forward pass runs beside the NaN/inf check, not after it.
 
-`multigpu.training_step._guarded_step`: the forward pass, the loss and the
-gradients read the variables' values ungated (`multigpu.stateless`); only
+`multigpu.step.train_step._guarded_step`: the forward pass, the loss and the
+gradients read the variables' values ungated (`multigpu.step.stateless`); only
 the writes, the update and the metrics wait for the guard's assertion. On
 finite batches it trains as the unguarded step does.
 """
@@ -15,8 +15,8 @@ import pytest
 import multigpu
 from conftest import DEVICES
 from models import ZOO, zoo_batch
-from multigpu import finite
-from multigpu.finite import NonFiniteInputError
+from multigpu.step import nonfinite as finite
+from multigpu.step.nonfinite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import multigpu
 from models import data, mlp
-from multigpu import strategy as strategy_lib
+from multigpu.distribute import strategy as strategy_lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUN_TIMEOUT = 180

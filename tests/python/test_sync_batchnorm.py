@@ -18,7 +18,7 @@ import tensorflow as tf
 
 import multigpu
 from models import max_weight_difference
-from multigpu import sync_batchnorm
+from multigpu.engines.tensorflow import sync_batchnorm
 from multigpu.placement import ops_by_device
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")

@@ -18,7 +18,7 @@ import multigpu
 import retraining
 from conftest import DEVICES
 from models import RaisesAtSecondBatch
-from multigpu.finite import NonFiniteInputError
+from multigpu.step.nonfinite import NonFiniteInputError
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

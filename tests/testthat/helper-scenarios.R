@@ -552,7 +552,7 @@ scenario_steps <- list(
 
   reload = function(step, expect, entry, state, where) {
     loaded <- state$api$load_model(file.path(state$workdir, step$file))
-    scenario_expect(!inherits(loaded, "multigpu.replicas.ParallelModel"),
+    scenario_expect(!inherits(loaded, "multigpu.engines.tensorflow.replicate.ParallelModel"),
                     sprintf("%s: the reloaded model is a ParallelModel", where))
     predictions <- scenario_predict(loaded, state)
     entry$predictions <- flat_outputs(predictions)

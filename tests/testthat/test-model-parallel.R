@@ -17,7 +17,7 @@ test_that("model_parallel() puts each stage's weights on its device", {
   skip_if_no_multigpu()
   model <- chain_model()
   partitioned <- model_parallel(model, devices = 2, split = "transform")
-  expect_s3_class(partitioned, "multigpu.model_parallel.PartitionedModel")
+  expect_s3_class(partitioned, "multigpu.partition.model_parallel.PartitionedModel")
   expect_identical(partitioned$devices, c("/device:CPU:0", "/device:CPU:1"))
   expect_identical(partitioned$stages, list("encode", c("transform", "score")))
   expect_identical(unique(weights_device(partitioned, "encode")), "/device:CPU:0")
@@ -59,7 +59,7 @@ test_that("training a partitioned model trains its template like the model", {
   path <- withr::local_tempfile(fileext = ".h5")
   save_model_hdf5(partitioned, path)
   loaded <- load_model_hdf5(path)
-  expect_false(inherits(loaded, "multigpu.model_parallel.PartitionedModel"))
+  expect_false(inherits(loaded, "multigpu.partition.model_parallel.PartitionedModel"))
   expect_equal(loaded$get_weights(), reference$get_weights(), tolerance = 1e-6)
 })
 

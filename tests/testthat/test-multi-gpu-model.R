@@ -7,7 +7,7 @@ test_that("multi_gpu_model() replicates a model on every device by default", {
   skip_if_no_multigpu()
   model <- tiny_model()
   parallel <- multi_gpu_model(model)
-  expect_s3_class(parallel, "multigpu.replicas.ParallelModel")
+  expect_s3_class(parallel, "multigpu.engines.tensorflow.replicate.ParallelModel")
   expect_s3_class(parallel, "keras.src.models.model.Model")
   expect_identical(parallel$devices, sprintf("/device:CPU:%d", 0:3))
   expect_identical(parallel$merge_device, "/device:CPU:0")
@@ -174,7 +174,7 @@ test_that("engine = \"auto\" warns once, in R's spelling, when cpu_merge = FALSE
   # checked by letting the core read the 4 logical devices as 4 GPUs, where
   # it predicts the mirrored engine.
   reticulate::py_run_string(paste(
-    "import multigpu.scaling as _scaling",
+    "import multigpu.insight.scaling as _scaling",
     "_choose = _scaling.choose_engine",
     "_scaling.choose_engine = lambda devices: _choose(",
     "    ['/device:GPU:%d' % i for i in range(len(devices))])", sep = "\n"))

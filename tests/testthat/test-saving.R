@@ -13,7 +13,7 @@ test_that("save_model_hdf5() of a parallel model writes the template, which load
   expect_invisible(result <- trained$parallel %>% save_model_hdf5(file))
   expect_identical(result, trained$parallel)
   loaded <- load_model_hdf5(file)
-  expect_false(inherits(loaded, "multigpu.replicas.ParallelModel"))
+  expect_false(inherits(loaded, "multigpu.engines.tensorflow.replicate.ParallelModel"))
   expect_identical(loaded$name, trained$model$name)
   expect_equal(predict(loaded, iris_x(1:5), verbose = 0),
                predict(trained$parallel, iris_x(1:5), verbose = 0), tolerance = 1e-6)

@@ -88,7 +88,7 @@ test_that("multi_gpu_model(engine = 'mirrored') trains a mirrored copy and keeps
   skip_if_no_multigpu()
   model <- tiny_model()
   parallel <- multi_gpu_model(model, gpus = 2, engine = "mirrored")
-  expect_s3_class(parallel, "multigpu.mirrored.MirroredModel")
+  expect_s3_class(parallel, "multigpu.engines.tensorflow.mirrored.MirroredModel")
   parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
   parallel |> fit(iris_x(), iris_y(), epochs = 1, batch_size = 50, verbose = 0)
   expect_equal(predict(parallel, iris_x(1:5), verbose = 0),
@@ -226,6 +226,6 @@ test_that("multi_worker_strategy() reads TF_CONFIG as R sees it and names a malf
                  fixed = TRUE, class = "multigpu_value_error")
   })
   # Python's copy of the environment follows R's again.
-  reticulate::import("multigpu.cluster")$use_environment(as.list(Sys.getenv()))
+  reticulate::import("multigpu.cluster.resolver")$use_environment(as.list(Sys.getenv()))
   expect_null(reticulate::import("os")$environ$get("TF_CONFIG"))
 })

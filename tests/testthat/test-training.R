@@ -20,14 +20,14 @@ test_that("keras3's compile() and fit() train a parallel model, through the brid
 
 test_that("the training methods are registered for multigpu's own models only", {
   for (generic in c("compile", "fit", "evaluate", "predict")) {
-    expect_type(utils::getS3method(generic, "multigpu.template.TemplateBacked"), "closure")
+    expect_type(utils::getS3method(generic, "multigpu.engines.template.TemplateBacked"), "closure")
     expect_null(utils::getS3method(generic, "keras.src.trainers.trainer.Trainer",
                                    optional = TRUE))
   }
   skip_if_no_multigpu()
   classes <- class(multi_gpu_model(tiny_model(), gpus = 2))
   # multigpu's class first, then keras3's Model, whose methods run next.
-  expect_lt(match("multigpu.template.TemplateBacked", classes),
+  expect_lt(match("multigpu.engines.template.TemplateBacked", classes),
             match("keras.src.models.model.Model", classes))
 })
 

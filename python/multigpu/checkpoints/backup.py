@@ -6,8 +6,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import epochs, internals
-from multigpu.checkpoints import atomic, listing, resume
+from multigpu import internals
+from multigpu.checkpoints import atomic, epochs, listing, resume
 from multigpu.checkpoints.arguments import check_save_freq
 from multigpu.checkpoints.lock import writes_checkpoints
 from multigpu.messages import literal

@@ -2,7 +2,6 @@
 
 import os
 
-from multigpu import cluster as cluster_lib
 from multigpu.checkpoints.arguments import (
     BACKUP_NAME,
     check_backup_path,
@@ -16,6 +15,7 @@ from multigpu.checkpoints.backup import AtomicBackupAndRestore
 from multigpu.checkpoints.lock import writer_lock
 from multigpu.checkpoints.model_checkpoint import AtomicModelCheckpoint
 from multigpu.checkpoints.resume import ResumePosition
+from multigpu.cluster import resolver as cluster_lib
 
 DEFAULT_MAX_TO_KEEP = 3
 

@@ -14,7 +14,7 @@ import socket
 import warnings
 import weakref
 
-from multigpu import cluster as cluster_lib
+from multigpu.cluster import resolver as cluster_lib
 from multigpu.messages import api, literal
 
 LOCK_NAME = ".writer.lock"

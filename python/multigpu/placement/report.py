@@ -2,10 +2,9 @@
 
 import collections
 
-from multigpu import communication
 from multigpu import devices as devices_lib
 from multigpu.messages import setting
-from multigpu.placement import profiler, step
+from multigpu.placement import communication, profiler, step
 from multigpu.placement.graphs import PLUMBING_OPS, gradient_bytes, variables_by_device
 from multigpu.placement.table import PlacementReport
 
@@ -37,7 +36,7 @@ def placement_report(model, x=None, y=None, print_table=True):
     (run metadata), time from the TensorFlow profiler's trace, and the
     bytes that crossed from device to device from the `_Send`/`_Recv`
     pairs and collective ops of those graphs (see
-    `multigpu.communication`). Works for any
+    `multigpu.placement.communication`). Works for any
     model: one returned by `multi_gpu_model` or `model_parallel`, one built
     under a `tf.distribute` strategy (mirrored weights count once per
     device), or a plain model.

@@ -7,10 +7,10 @@ graphs and profile, and restores weights, optimizer and metric state.
 
 import keras
 
-from multigpu import communication, inputs
 from multigpu.arguments import check_flag
+from multigpu.distribute import inputs
 from multigpu.messages import literal, setting
-from multigpu.placement import profiler
+from multigpu.placement import communication, profiler
 from multigpu.placement.graphs import (
     HOST_DEVICE,
     ExecutedNode,
@@ -153,7 +153,7 @@ def step_traffic(model, x, y=None):
             prediction step.
 
     Returns:
-        A list of `multigpu.communication.Transfer`.
+        A list of `multigpu.placement.communication.Transfer`.
 
     Raises:
         TypeError, ValueError, RuntimeError: as `placement_report`.

@@ -1,6 +1,6 @@
 """Table output: a placement report as rows, and as the text it prints."""
 
-from multigpu import communication
+from multigpu.placement import communication
 
 
 def format_bytes(n):
@@ -32,7 +32,7 @@ class PlacementReport(list):
 
     Attributes:
         notes: Sentences explaining the columns and what was observed.
-        transfers: The step's `multigpu.communication.Transfer`s (tensors
+        transfers: The step's `multigpu.placement.communication.Transfer`s (tensors
             that crossed from one device to another), or None without a
             batch.
         gradient_bytes: Bytes of the model's trainable weights (one copy).
@@ -56,7 +56,7 @@ class PlacementReport(list):
 
         Returns:
             A list of dicts with keys `source`, `destination`, one key per
-            kind of `multigpu.communication.KINDS` (bytes) and `total`.
+            kind of `multigpu.placement.communication.KINDS` (bytes) and `total`.
         """
         pairs = {}
         for (source, destination, kind), nbytes in sorted(

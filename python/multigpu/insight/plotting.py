@@ -203,7 +203,7 @@ def plot_scaling(monitor, ax=None):
         ValueError: if the monitor has measured no step yet.
 
     Example:
-    >>> ax = multigpu.plotting.plot_scaling(monitor)
+    >>> ax = multigpu.insight.plotting.plot_scaling(monitor)
     >>> ax.figure.savefig("scaling.png")
     """
     summary = monitor.summary()

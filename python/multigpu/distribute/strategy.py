@@ -21,7 +21,7 @@ that say what went wrong and how to fix it (see `StrategyUsageError`).
 
 `multi_worker_strategy` is the multi-machine counterpart: a
 `tf.distribute.MultiWorkerMirroredStrategy` over the cluster the cluster
-manager describes (`TF_CONFIG` or a Slurm job step; see `multigpu.cluster`).
+manager describes (`TF_CONFIG` or a Slurm job step; see `multigpu.cluster.resolver`).
 """
 
 import itertools
@@ -29,10 +29,10 @@ import threading
 
 import tensorflow as tf
 
-from multigpu import cluster as cluster_lib
 from multigpu import devices as devices_lib
+from multigpu.cluster import resolver as cluster_lib
+from multigpu.cluster.readiness import signal_ready
 from multigpu.messages import api, literal, literals, setting
-from multigpu.readiness import signal_ready
 
 # Strategies made here number their collective groups from
 # `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
@@ -464,7 +464,7 @@ def multi_worker_strategy():
     """A `tf.distribute.MultiWorkerMirroredStrategy` for this process.
 
     The cluster comes from what the cluster manager provides (see
-    `multigpu.cluster.cluster_resolver`), in this order: `TF_CONFIG` (set by
+    `multigpu.cluster.resolver.cluster_resolver`), in this order: `TF_CONFIG` (set by
     Kubernetes/Kubeflow TFJobs, Vertex AI, or `python -m multigpu.launch
     --workers N` on one machine); a Slurm job step with more than one task
     (`srun -n2 python train.py`, through TensorFlow's
@@ -485,7 +485,7 @@ def multi_worker_strategy():
         A `tf.distribute.MultiWorkerMirroredStrategy`.
 
     Raises:
-        multigpu.cluster.ClusterError: (a `ValueError`) if `TF_CONFIG` is
+        multigpu.cluster.resolver.ClusterError: (a `ValueError`) if `TF_CONFIG` is
             not a valid cluster spec, or a Slurm step's variables are
             incomplete; the message names what was found and what is missing.
 

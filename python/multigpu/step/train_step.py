@@ -1,16 +1,16 @@
 """The engines' training step: Keras's, run only on finite data.
 
 `train_step(model, data, ...)` is what every engine's model runs as
-`train_step` (`multigpu.template.TemplateBacked`): the forward pass, the
+`train_step` (`multigpu.engines.template.TemplateBacked`): the forward pass, the
 loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
 * With the NaN/inf guard on (`model.check_finite`), the batch is checked
-  (`multigpu.finite`), and every write of the step waits for the verdict:
+  (`multigpu.step.nonfinite`), and every write of the step waits for the verdict:
   a `tf.debugging.Assert` that fails on a bad batch, after its findings
   were written to the model's `finite.Record`. The forward pass, the loss
   and the gradients run beside the check, on the variables' values read at
-  the start of the step (`_guarded_step`, `multigpu.stateless`): what they
+  the start of the step (`_guarded_step`, `multigpu.step.stateless`): what they
   write is captured and written after the verdict. A bad batch thus
   writes nothing (BatchNormalization's statistics, Dropout's seed, the
   weights, the optimizer, the metrics). The train function then raises
@@ -26,7 +26,7 @@ loss and its tracker, the gradients, the update and the metrics, as
   the forward or backward pass (the loss's all-reduce of the row counts, a
   synchronised BatchNormalization's). A collective cut short leaves the
   process's collective executor cancelled for every later step. The
-  mirrored engine's gradient accumulation (`multigpu.accumulation`) runs
+  mirrored engine's gradient accumulation (`multigpu.step.accumulation`) runs
   from another cross-replica call, around Keras's `apply`, as Keras's
   `LossScaleOptimizer` does.
 
@@ -41,8 +41,10 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import finite, internals, stateless
-from multigpu import gradients as gradients_lib
+from multigpu import internals
+from multigpu.step import gradients as gradients_lib
+from multigpu.step import nonfinite as finite
+from multigpu.step import stateless
 
 
 def _verdict(ok, checked, record, layout, counting):

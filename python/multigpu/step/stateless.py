@@ -1,6 +1,6 @@
 """The guarded training step's forward pass, run before the guard's verdict.
 
-The engines' guarded step (`multigpu.training_step`) runs the forward pass,
+The engines' guarded step (`multigpu.step.train_step`) runs the forward pass,
 the loss and the gradients on the variables' values read once at the start
 of the step, inside a `StepScope` (a `keras.StatelessScope`): what the pass
 writes (BatchNormalization's moving statistics, Dropout's seed) is captured

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 
 from multigpu import internals
-from multigpu.functional import (
+from multigpu.engines.functional import (
     call_arguments,
     callable_graph,
     execution_order,

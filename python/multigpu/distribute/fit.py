@@ -17,10 +17,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import inputs, internals
-from multigpu import strategy as strategy_lib
+from multigpu import internals
 from multigpu.arguments import check_int
 from multigpu.checkpoints.backup import AtomicBackupAndRestore
+from multigpu.distribute import inputs
+from multigpu.distribute import strategy as strategy_lib
 from multigpu.messages import api, literal, setting
 
 

@@ -13,15 +13,15 @@ import keras
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
-from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int, is_int
-from multigpu.forward import HOST_DEVICE
-from multigpu.functional import layer_name, named_like, symbolic_graph
+from multigpu.distribute import strategy as strategy_lib
+from multigpu.engines.functional import layer_name, named_like, symbolic_graph
+from multigpu.engines.own_steps import check_standard_steps
+from multigpu.engines.template import TemplateBacked, built_like
+from multigpu.engines.tensorflow.forward import HOST_DEVICE
 from multigpu.messages import api, literal, setting
-from multigpu.own_steps import check_standard_steps
-from multigpu.pipeline import StagePlan, Stages
-from multigpu.stage_split import is_group, resolve_stages, staged_layers
-from multigpu.template import TemplateBacked, built_like
+from multigpu.partition.pipeline import StagePlan, Stages
+from multigpu.partition.stages import is_group, resolve_stages, staged_layers
 from multigpu.variables import variable_bytes, variable_device
 
 

@@ -35,19 +35,19 @@ import tensorflow as tf
 
 from multigpu import internals
 from multigpu.arguments import check_flag
-from multigpu.forward import (
+from multigpu.engines.functional import (
+    call_arguments,
+    callable_graph,
+    execution_order,
+    symbolic_graph,
+)
+from multigpu.engines.tensorflow.forward import (
     PassLayout,
     concat_with_logits,
     held_effects,
     on_device,
     rows_weighted_loss,
     valid_rows,
-)
-from multigpu.functional import (
-    call_arguments,
-    callable_graph,
-    execution_order,
-    symbolic_graph,
 )
 from multigpu.messages import literal, literals, setting
 

@@ -15,8 +15,9 @@ import contextvars
 import keras
 import tensorflow as tf
 
-from multigpu import internals, stateless
+from multigpu import internals
 from multigpu.messages import literal, setting
+from multigpu.step import stateless
 
 HOST_DEVICE = "/device:CPU:0"
 
@@ -137,7 +138,7 @@ def on_device(device, forward, flat_inputs):
 def forward_only_when_empty(forward, inference_fn):
     """Guards a function of a batch against batches of zero rows, by a cond.
 
-    For the pipeline's micro-batches (`multigpu.pipeline`); the
+    For the pipeline's micro-batches (`multigpu.partition.pipeline`); the
     data-parallel engines pad instead (`padded_when_empty`), which keeps
     what the pass creates (losses, writes, cached dropout masks) out of a
     `tf.cond` branch.

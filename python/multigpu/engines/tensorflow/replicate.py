@@ -11,9 +11,10 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from multigpu import gradients as gradients_lib
 from multigpu.arguments import check_int
-from multigpu.forward import (
+from multigpu.engines.functional import callable_graph, layer_name, named_like
+from multigpu.engines.template import TemplateBacked, TemplateLayer, built_like
+from multigpu.engines.tensorflow.forward import (
     HOST_DEVICE,
     PassLayout,
     concat_with_logits,
@@ -22,10 +23,9 @@ from multigpu.forward import (
     rows_weighted_loss,
     split_bounds,
 )
-from multigpu.functional import callable_graph, layer_name, named_like
+from multigpu.engines.tensorflow.sync_batchnorm import GlobalBatchWalk
 from multigpu.messages import literal
-from multigpu.sync_batchnorm import GlobalBatchWalk
-from multigpu.template import TemplateBacked, TemplateLayer, built_like
+from multigpu.step import gradients as gradients_lib
 
 
 class DataParallelReplicas(TemplateLayer):

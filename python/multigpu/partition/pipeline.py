@@ -10,7 +10,9 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
-from multigpu.forward import (
+from multigpu.engines.functional import call_arguments, execution_order, symbolic_graph
+from multigpu.engines.template import TemplateLayer
+from multigpu.engines.tensorflow.forward import (
     HOST_DEVICE,
     concat_with_logits,
     forward_only_when_empty,
@@ -18,9 +20,7 @@ from multigpu.forward import (
     split_bounds,
     with_logits,
 )
-from multigpu.functional import call_arguments, execution_order, symbolic_graph
 from multigpu.messages import literal, setting
-from multigpu.template import TemplateLayer
 
 
 class StagePlan:

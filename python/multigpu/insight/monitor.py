@@ -21,7 +21,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import arguments, messages, scaling
+from multigpu import arguments, messages
+from multigpu.insight import scaling
 from multigpu.variables import variable_bytes
 
 SUMMARY_KEYS = (
@@ -90,7 +91,7 @@ class ScalingMonitor(keras.callbacks.Callback):
         passes references, so no copy is made and this is 0. On GPUs the
         transfers run inside the compiled step, where no callback can time
         them: it is None, unless `link` is given, then estimated from the
-        bytes the engine moves per step (`multigpu.scaling`: the replicate
+        bytes the engine moves per step (`multigpu.insight.scaling`: the replicate
         engine's first device sends the weights and receives the gradients
         of every other device, an all-reduce moves `2 (n - 1) / n` copies)
         over that link's bandwidth;
@@ -122,7 +123,7 @@ class ScalingMonitor(keras.callbacks.Callback):
             (0 skips the baseline: no speed-up, efficiency or warning).
         warmup_steps: Steps at the start of `fit` left out of the
             measurements (the first traces the step function), an int >= 1.
-        link: None, or a name of `multigpu.scaling.LINKS` (`"pcie4"`,
+        link: None, or a name of `multigpu.insight.scaling.LINKS` (`"pcie4"`,
             `"nvlink3"`, `"nvlink4"`) to estimate the communication time
             on GPUs.
         warn: Whether to warn when one device would be faster.
@@ -415,8 +416,8 @@ class ScalingMonitor(keras.callbacks.Callback):
             ax: A matplotlib `Axes`, or None for a new figure.
 
         Returns:
-            The `Axes` (see `multigpu.plotting.plot_scaling`).
+            The `Axes` (see `multigpu.insight.plotting.plot_scaling`).
         """
-        from multigpu.plotting import plot_scaling
+        from multigpu.insight.plotting import plot_scaling
 
         return plot_scaling(self, ax=ax)

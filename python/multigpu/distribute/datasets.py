@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu.arguments import check_flag, check_int, is_int
-from multigpu.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
-from multigpu.inputs import check_no_r_na, check_numeric_y
+from multigpu.checkpoints.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
+from multigpu.distribute.inputs import check_no_r_na, check_numeric_y
 from multigpu.messages import api, current_language, literal, literals, setting
 
 _SHARD_POLICIES = {

@@ -28,15 +28,15 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu import internals
-from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int
-from multigpu.copies import CopyMismatch, check_copy, copy_model, mismatch_text
-from multigpu.engines import DEFAULT_ENGINE, multi_gpu_model
-from multigpu.functional import callable_graph
+from multigpu.distribute import strategy as strategy_lib
+from multigpu.engines.copies import CopyMismatch, check_copy, copy_model, mismatch_text
+from multigpu.engines.front import DEFAULT_ENGINE, multi_gpu_model
+from multigpu.engines.functional import callable_graph
+from multigpu.engines.template import built_like
+from multigpu.engines.tensorflow.mirrored import check_no_r_code
+from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
 from multigpu.messages import api, current_language, literal, literals, setting
-from multigpu.mirrored import check_no_r_code
-from multigpu.sync_batchnorm import check_sync_batchnorm
-from multigpu.template import built_like
 
 ENGINES = ("auto", "replicate", "mirrored", "strategy")
 # The quantity a report names when the engine's copy of the model computes
@@ -231,7 +231,7 @@ def _strategy_copy(model, strategy):
     """`model` copied under `strategy`'s scope, with its weights and state.
 
     Keras's `fit` under a strategy needs variables made in its scope: the
-    copy is `multigpu.copies.copy_model`'s, checked as the mirrored
+    copy is `multigpu.engines.copies.copy_model`'s, checked as the mirrored
     engine checks its own (`check_copy`).
 
     Raises:

@@ -5,10 +5,10 @@ weights into NaN in that step (the gradients are NaN), and Keras trains on:
 the reported loss may even stay finite (metrics average over the epoch), and
 hours later the model predicts NaN.
 
-The engines' training step (`multigpu.training_step`) checks every
+The engines' training step (`multigpu.step.train_step`) checks every
 floating-point tensor of its share of the batch (`check`), and every write
 of the step waits for the verdict, an assertion (`Record.asserted`); the
-forward pass runs beside the check (`multigpu.stateless`). On a bad batch
+forward pass runs beside the check (`multigpu.step.stateless`). On a bad batch
 each replica's bad share goes into the model's `Record` (`kept`) before
 the assertion fails, and nothing is written (BatchNormalization's
 statistics, Dropout's seed, the weights, the optimizer, the metrics). The

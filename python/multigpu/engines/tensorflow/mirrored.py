@@ -17,7 +17,7 @@ contract of the replicate engine:
   of the template on that batch, also when the batch does not split evenly
   between replicas (see `MirroredModel.compute_loss`).
 
-The default engine, `"auto"` (`multigpu.engines.DEFAULT_ENGINE`), runs this
+The default engine, `"auto"` (`multigpu.engines.front.DEFAULT_ENGINE`), runs this
 engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench`
 measures both on logical CPU devices.
 """
@@ -28,22 +28,22 @@ import inspect
 import keras
 import tensorflow as tf
 
-from multigpu import accumulation as accumulation_lib
 from multigpu import internals
-from multigpu import strategy as strategy_lib
-from multigpu.copies import check_copy, copy_model
-from multigpu.distributed import weighted_by_rows
-from multigpu.forward import PassLayout, flat_forward
-from multigpu.functional import callable_graph, layer_name, output_names
-from multigpu.messages import literal, setting
-from multigpu.sync_batchnorm import synchronize
-from multigpu.template import (
+from multigpu.distribute import strategy as strategy_lib
+from multigpu.distribute.fit import weighted_by_rows
+from multigpu.engines.copies import check_copy, copy_model
+from multigpu.engines.functional import callable_graph, layer_name, output_names
+from multigpu.engines.template import (
     TemplateBacked,
     built_like,
     compile_defaults,
     template_compile_arguments,
     warn_if_jit_compile,
 )
+from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
+from multigpu.engines.tensorflow.sync_batchnorm import synchronize
+from multigpu.messages import literal, setting
+from multigpu.step import accumulation as accumulation_lib
 
 
 class _Ref:
@@ -329,7 +329,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
             if steps:
-                # Accumulated by the training step (`multigpu.accumulation`).
+                # Accumulated by the training step (`multigpu.step.accumulation`).
                 optimizer = accumulation_lib.without_accumulation(optimizer)
             arguments = inspect.signature(keras.Model.compile).bind(
                 self, optimizer, *args, **kwargs).arguments

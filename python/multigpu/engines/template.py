@@ -12,10 +12,13 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import finite, inputs, internals, saving, training_step
-from multigpu import strategy as strategy_lib
-from multigpu.functional import callable_graph, layer_name
+from multigpu import internals, saving
+from multigpu.distribute import inputs
+from multigpu.distribute import strategy as strategy_lib
+from multigpu.engines.functional import callable_graph, layer_name
 from multigpu.messages import literal, setting
+from multigpu.step import nonfinite as finite
+from multigpu.step import train_step as training_step
 
 
 def template_config(owner):
@@ -343,7 +346,7 @@ class TemplateBacked:
     `(template, devices, *config_keys[1:])` in its constructor and names its
     config in `config_keys`, each readable as an attribute.
 
-    Training stops on a batch holding NaN or inf (`multigpu.finite`) unless
+    Training stops on a batch holding NaN or inf (`multigpu.step.nonfinite`) unless
     `check_finite` is set to False.
     """
 
@@ -356,7 +359,7 @@ class TemplateBacked:
         """Whether `fit` stops on NaN or inf in a batch (default True).
 
         Each training step checks its inputs, labels and sample weights
-        first and raises `multigpu.finite.NonFiniteInputError`, naming the
+        first and raises `multigpu.step.nonfinite.NonFiniteInputError`, naming the
         epoch, the batch and the input, instead of training the weights into
         NaN; the weights and the optimizer's state keep their values of the
         step before. Set it to False to train without the check.
@@ -372,7 +375,7 @@ class TemplateBacked:
         self._check_finite = value
 
     def train_step(self, data):
-        """One training step (`multigpu.training_step.train_step`).
+        """One training step (`multigpu.step.train_step.train_step`).
 
         Keras's step, with the batch checked for NaN and inf first when
         `check_finite` is on: a bad batch changes nothing, and the train
@@ -429,7 +432,7 @@ class TemplateBacked:
         """Copies the template's weights into this model (here: shared)."""
 
     # `fit`, `evaluate`, `predict` and the `*_on_batch` steps that train or
-    # evaluate: Keras's, with the data checked first (`multigpu.inputs`).
+    # evaluate: Keras's, with the data checked first (`multigpu.distribute.inputs`).
 
     def fit(self, *args, **kwargs):
         compile_like_template(self)

@@ -12,18 +12,18 @@ import warnings
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
-from multigpu import scaling
-from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_flag
-from multigpu.copies import check_copy, copy_model
-from multigpu.forward import HOST_DEVICE
-from multigpu.functional import callable_graph
+from multigpu.distribute import strategy as strategy_lib
+from multigpu.engines import choice as choice_lib
+from multigpu.engines.copies import check_copy, copy_model
+from multigpu.engines.functional import callable_graph
+from multigpu.engines.own_steps import check_standard_steps
+from multigpu.engines.template import TemplateBacked
+from multigpu.engines.tensorflow.forward import HOST_DEVICE
+from multigpu.engines.tensorflow.mirrored import MirroredModel
+from multigpu.engines.tensorflow.replicate import ParallelModel
+from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm, walk_problem
 from multigpu.messages import api, literal, literals, setting
-from multigpu.mirrored import MirroredModel
-from multigpu.own_steps import check_standard_steps
-from multigpu.replicas import ParallelModel
-from multigpu.sync_batchnorm import check_sync_batchnorm, walk_problem
-from multigpu.template import TemplateBacked
 
 ENGINES = ("auto", "replicate", "mirrored")
 # The replicate engine runs one graph whose replicas share the template's
@@ -32,7 +32,7 @@ ENGINES = ("auto", "replicate", "mirrored")
 # ring all-reduce moves 2 (n - 1) / n copies of the gradients per device
 # where the replicate engine's first device moves n - 1 copies of the
 # weights and of the gradients. `"auto"` runs the engine those numbers
-# favour on the devices at hand (`multigpu.scaling.choose_engine`).
+# favour on the devices at hand (`multigpu.engines.choice.choose_engine`).
 DEFAULT_ENGINE = "auto"
 
 
@@ -125,7 +125,7 @@ def _sync_batchnorm_choice(choice, engine, problem):
             f"{setting('engine', 'auto')}), whose strategy pools them, or "
             "build the model as a functional or Sequential model."
         )
-    return scaling.EngineChoice(
+    return choice_lib.EngineChoice(
         "mirrored",
         f"{setting('sync_batchnorm', True)} and {problem}: only the "
         "mirrored engine pools its BatchNormalization statistics")
@@ -160,10 +160,10 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             between replicas of the template, outputs concatenated) or
             `"mirrored"` (train a copy through
             `tf.distribute.MirroredStrategy`, mirrored variables and
-            all-reduced gradients; same contract, see `multigpu.mirrored`).
+            all-reduced gradients; same contract, see `multigpu.engines.tensorflow.mirrored`).
             `"auto"` runs the replicate engine on logical CPU devices and on
             2 GPUs, the mirrored engine on 3 or more GPUs
-            (`multigpu.scaling.choose_engine`, docs/benchmarks.md); it falls
+            (`multigpu.engines.choice.choose_engine`, docs/benchmarks.md); it falls
             back to the replicate engine, with a warning naming why, when
             `cpu_merge=False` or the model cannot be copied (or its copy,
             checked on a probe batch, computes otherwise: a layer whose
@@ -216,9 +216,9 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
     if engine == "auto":
-        choice = scaling.auto_engine(devices, cpu_merge)
+        choice = choice_lib.auto_engine(devices, cpu_merge)
     else:
-        choice = scaling.EngineChoice(
+        choice = choice_lib.EngineChoice(
             engine, f"requested with {setting('engine', engine)}")
     problem = walk_problem(template) if sync_batchnorm else None
     predicted, choice = choice, _sync_batchnorm_choice(choice, engine, problem)
@@ -241,11 +241,11 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
                     "model.") from None
             if engine != "auto":
                 raise
-            choice = scaling.fall_back_to_replicate(
+            choice = choice_lib.fall_back_to_replicate(
                 choice, "the mirrored engine cannot take the model ("
                 f"{' '.join(str(error).split())})")
     if choice.fallback:
-        warnings.warn(scaling.fallback_message(choice), UserWarning,
+        warnings.warn(choice_lib.fallback_message(choice), UserWarning,
                       stacklevel=2)
     if parallel is None:
         merge_device = HOST_DEVICE if cpu_merge else devices[0]

@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from multigpu import internals
-from multigpu import strategy as strategy_lib
 from multigpu.arguments import check_int, is_int
+from multigpu.distribute import strategy as strategy_lib
 from multigpu.messages import (
     R_NA_INTEGER,
     api,
@@ -319,7 +319,7 @@ def _check_class_indices(name, output, classes, labels, ignore):
     check_no_r_na(name, labels)
     rows = labels.shape[0] if labels.ndim else 1
     by_row = labels.reshape(rows, -1).astype("float64")
-    considered = np.isfinite(by_row)  # NaN and inf: multigpu.finite's
+    considered = np.isfinite(by_row)  # NaN and inf: multigpu.step.nonfinite's
     if ignore is not None:
         considered &= by_row != ignore
     values = by_row[considered]

@@ -6,7 +6,7 @@ gradients of `k` steps and updates the weights with their mean on every
 the replicas (`merge_call`), which `MirroredStrategy` refuses. The mirrored
 engine compiles its replicas with the same optimizer without accumulation
 and accumulates here instead (`Accumulation`), from the training step's
-cross-replica branch (`multigpu.training_step`):
+cross-replica branch (`multigpu.step.train_step`):
 
 * on the first `k - 1` steps each replica adds its own gradients to its
   copy of the sums (no all-reduce);

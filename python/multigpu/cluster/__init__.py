@@ -1,0 +1,2 @@
+"""Which cluster a process belongs to, and how workers say they joined it.
+"""

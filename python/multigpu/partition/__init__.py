@@ -1,0 +1,2 @@
+"""`model_parallel`: one model cut into stages across devices (TensorFlow).
+"""
