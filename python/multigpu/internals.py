@@ -190,7 +190,7 @@ def eager_context():
 
 
 # The engines' hooks: the copy of an in-memory model (`multigpu.engines.copies`) and
-# the memory plan (`multigpu.memory_plan`).
+# the memory plan (`multigpu.insight.memory_plan`).
 
 
 def is_functional(model):

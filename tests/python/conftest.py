@@ -81,7 +81,7 @@ def pytest_unconfigure(config):
     die of a segmentation fault after every test passed. The report is
     written by now; the exit status is the session's.
     """
-    embedded = sys.modules.get("embedded_r")
+    embedded = sys.modules.get("support.embedded_r")
     if embedded is None or not embedded.EmbeddedR.started:
         return
     sys.stdout.flush()

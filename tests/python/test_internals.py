@@ -7,8 +7,8 @@ renames or drops one (the checkpoint callbacks' hooks have theirs in
 
 import keras
 
-from models import mlp
 from multigpu import internals
+from support.models import mlp
 
 
 class _Subclassed(keras.Model):

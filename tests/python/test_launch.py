@@ -11,7 +11,7 @@ import time
 import pytest
 
 from multigpu import launch
-from worker_scripts import RUN_TIMEOUT, running, script
+from support.worker_scripts import RUN_TIMEOUT, running, script
 
 PYTHON = sys.executable
 

@@ -64,7 +64,7 @@ def test_hints_about_data_read_in_each_language():
     # caller's language like the values they quote.
     from multigpu.distribute import fit as distributed
     from multigpu.distribute import inputs
-    from scenario_files import speaks
+    from support.scenario_files import speaks
 
     def hints():
         return [str(inputs.no_batch_error("x", "fit")),

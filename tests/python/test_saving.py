@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import multigpu
-from models import data, mlp
+from support.models import data, mlp
 
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 

@@ -17,10 +17,10 @@ import os
 
 import pytest
 
-from embedded_r import EmbeddedR
-from scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
-from scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
-from scenario_runner import python_record
+from support.embedded_r import EmbeddedR
+from support.scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
+from support.scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
+from support.scenario_runner import python_record
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"),
               pytest.mark.r_parity]

@@ -3,8 +3,8 @@ the steps run and their expectations hold (`scenario_runner.py`)."""
 
 import pytest
 
-from scenario_files import IDS, SCENARIOS
-from scenario_runner import python_record
+from support.scenario_files import IDS, SCENARIOS
+from support.scenario_runner import python_record
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -4,7 +4,7 @@ for each language, and enough scenarios of each kind."""
 
 import pytest
 
-from scenario_files import DEVICE_KEYS, SCENARIOS, error_step, recipes, speaks
+from support.scenario_files import DEVICE_KEYS, SCENARIOS, error_step, recipes, speaks
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -1,0 +1,112 @@
+"""Exact resume: killed at seeded-random moments, a run ends like an unbroken one.
+
+Every training path (multi_gpu_model, model.fit under a mirrored strategy,
+fit_distributed) and both checkpoint frequencies (batches, epochs) are killed
+twice with SIGKILL: once inside a checkpoint file write, once right after a
+training step; the restarted runs must end with the weights of an
+uninterrupted run to 1e-6. The model has dropout and the data is shuffled
+(seeded), so the random state and the data order must be restored too.
+"""
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from support.worker_scripts import WORKERS
+
+WORKER = os.path.join(WORKERS, "resume_exact.py")
+PATHS = ("multi_gpu_model", "mirrored", "fit_distributed")
+FREQUENCIES = ("2", "epoch")
+RUN_TIMEOUT = 300
+SEED = 15
+
+
+def _run(path, save_freq, checkpoint_dir, out, *kill):
+    result = subprocess.run(
+        [sys.executable, WORKER, path, save_freq, str(checkpoint_dir),
+         str(out), *kill],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )
+    return result.returncode, result.stderr
+
+
+def _kill_plan(rng):
+    """Two kills per scenario: inside a checkpoint write, then after a step.
+
+    The first dies in the n-th file commit of its run (n <= 8: always within
+    the first two of the three epochs); the second dies right after step s
+    of 18, which lies beyond where the first kill left training.
+    """
+    return (("--kill-write", str(rng.integers(1, 9))),
+            ("--kill-step", str(rng.integers(13, 18))))
+
+
+def _scenario(tmp_path, path, save_freq, plan):
+    directory = tmp_path / f"{path}-{save_freq}"
+    out = tmp_path / f"{path}-{save_freq}.npz"
+    for kill in plan:
+        code, stderr = _run(path, save_freq, directory, out, *kill)
+        assert code == -signal.SIGKILL, (kill, stderr[-2000:])
+    code, stderr = _run(path, save_freq, directory, out)
+    assert code == 0, stderr[-2000:]
+    # Resumed from the backup itself, not from a fallback.
+    assert "skipping the unreadable" not in stderr, stderr[-2000:]
+    return out
+
+
+# One test per training path, so that parallel test workers share them out.
+@pytest.mark.parametrize("path", PATHS)
+def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path, path):
+    rng = np.random.default_rng([SEED, PATHS.index(path)])
+    plans = {freq: _kill_plan(rng) for freq in FREQUENCIES}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        unbroken = pool.submit(_run, path, "epoch", tmp_path / "unbroken",
+                               tmp_path / "unbroken.npz")
+        resumed = {freq: pool.submit(_scenario, tmp_path, path, freq, plan)
+                   for freq, plan in plans.items()}
+        code, stderr = unbroken.result()
+        assert code == 0, stderr[-2000:]
+        want = np.load(tmp_path / "unbroken.npz")
+        for freq, future in resumed.items():
+            got = np.load(future.result())
+            for key in want:
+                np.testing.assert_allclose(
+                    got[key], want[key], atol=1e-6, rtol=0,
+                    err_msg=f"{path}, save_freq={freq}, kills {plans[freq]}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("save_freq", ["1", "3", "epoch"])
+def test_soak_killed_at_random_times_from_outside(tmp_path, path, save_freq):
+    """SIGKILLs from outside at seeded random times until a run finishes."""
+    rng = np.random.default_rng(hash((SEED, path, save_freq)) % 2**32)
+    code, stderr = _run(path, "epoch", tmp_path / "unbroken",
+                        tmp_path / "unbroken.npz")
+    assert code == 0, stderr[-2000:]
+    out, kills = tmp_path / "resumed.npz", 0
+    while True:
+        process = subprocess.Popen(
+            [sys.executable, WORKER, path, save_freq, str(tmp_path / "ckpt"),
+             str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            # Up to 15 kills, then the run may finish (a loaded machine
+            # could otherwise never reach the next checkpoint).
+            process.wait(timeout=float(rng.uniform(4.0, 12.0))
+                         if kills < 15 else RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            kills += 1
+            continue
+        assert process.returncode == 0
+        break
+    got, want = np.load(out), np.load(tmp_path / "unbroken.npz")
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-6, rtol=0,
+                                   err_msg=f"after {kills} kills")

@@ -1,0 +1,150 @@
+"""Multi-worker training on a real Slurm cluster: `srun -n2` on this machine.
+
+`.ci/slurm-up.sh` (run by `make test`, and by these tests when Slurm does
+not answer) starts a single-node cluster from Debian's packages. The tests
+skip only where it cannot start (not root, no apt-get), and fail in CI.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from support.worker_scripts import one_process_reference, running, script
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+TRAIN = script("cluster_train.py")
+# Bounds a wedged step: far above a normal run (~20 s), below "forever".
+STEP_TIMEOUT = 240
+
+
+def _srun_works():
+    try:
+        result = subprocess.run(["srun", "-n2", "true"], capture_output=True,
+                                text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    return None if result.returncode == 0 else (
+        f"srun -n2 true exited with {result.returncode}: "
+        f"{result.stderr.strip()[-300:]}")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A working `srun`; started with .ci/slurm-up.sh if needed."""
+    if _srun_works() is None:
+        return
+    result = subprocess.run(["bash", os.path.join(ROOT, ".ci", "slurm-up.sh")],
+                            capture_output=True, text=True, timeout=600)
+    problem = _srun_works()
+    if problem is None:
+        return
+    said = (result.stderr or result.stdout).strip()[-300:]
+    reason = (f"Slurm cannot be started here: .ci/slurm-up.sh exited with "
+              f"{result.returncode} ({said}); {problem}")
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run the Slurm tests)")
+    pytest.skip(reason)
+
+
+def _env():
+    python_dir = os.path.join(ROOT, "python")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [python_dir, os.environ.get("PYTHONPATH")])),
+        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+
+
+def _srun(*args):
+    """The srun command line of a 2-task step running cluster_train.py."""
+    return ["srun", "-n2", "--kill-on-bad-exit=1", "--time=5",
+            sys.executable, "-u", TRAIN, *map(str, args)]
+
+
+def _runs(out_dir):
+    runs = [json.loads((out_dir / f"run-{i}.json").read_text())
+            for i in range(2)]
+    weights = [list(np.load(out_dir / f"weights-{i}.npz").values())
+               for i in range(2)]
+    return runs, weights
+
+
+def test_srun_two_tasks_train_as_one_cluster_like_one_process(slurm, tmp_path):
+    result = subprocess.run(_srun(tmp_path, "--epochs", 3), env=_env(),
+                            capture_output=True, text=True,
+                            timeout=STEP_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "task 0 done" in result.stdout and "task 1 done" in result.stdout
+    runs, weights = _runs(tmp_path)
+    assert [r["replicas"] for r in runs] == [2, 2]
+    assert runs[0]["initial"] == runs[1]["initial"]
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+    reference, history = one_process_reference(
+        runs[0]["initial"], runs[0]["global_batch"], 3)
+    np.testing.assert_allclose(runs[0]["history"]["loss"],
+                               history.history["loss"], rtol=1e-5)
+    for got, want in zip(weights[0], reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def _train_until_killed(command, kill_at_epoch):
+    """Runs the step; SIGKILLs task 1 when it begins `kill_at_epoch`.
+
+    Returns (exit code of srun, seconds from the kill to srun's exit, output).
+    """
+    step = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines, killed_at = [], None
+    try:
+        for line in step.stdout:
+            lines.append(line)
+            if line.startswith("task 1 pid ") and line.split()[-1] == str(
+                    kill_at_epoch):
+                os.kill(int(line.split()[3]), signal.SIGKILL)
+                killed_at = time.monotonic()
+                break
+        assert killed_at is not None, "".join(lines)
+        code = step.wait(timeout=STEP_TIMEOUT)
+        lines.extend(step.stdout.read().splitlines(keepends=True))
+        return code, time.monotonic() - killed_at, "".join(lines)
+    finally:
+        if step.poll() is None:
+            step.kill()
+            step.wait()
+
+
+def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
+        slurm, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    command = _srun(tmp_path, "--epochs", 4, "--checkpoints", checkpoints)
+    code, seconds, output = _train_until_killed(command, kill_at_epoch=2)
+    assert code != 0, output
+    assert "task 1: Killed" in output, output
+    # Slurm's KillWait (5 s here, 30 s by default) bounds the survivor.
+    assert seconds < 60, output
+    assert running("cluster_train.py") == []
+    assert not (tmp_path / "run-0.json").exists()
+
+    result = subprocess.run(command, env=_env(), capture_output=True,
+                            text=True, timeout=STEP_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs, weights = _runs(tmp_path)
+    # The chief (task 0) writes the checkpoints; task 1 only reads them.
+    assert [run["writes_checkpoints"] for run in runs] == [True, False]
+    for run in runs:
+        # Resumed after the last completed epoch (1, or 0 when the kill came
+        # while the chief was still writing epoch 1's), not from scratch.
+        assert run["epochs_run"][0] in (1, 2), output + result.stdout
+        assert run["epochs_run"][-1] == 3
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+    reference, _ = one_process_reference(
+        runs[0]["initial"], runs[0]["global_batch"], 4)
+    for got, want in zip(weights[0], reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)

@@ -1,0 +1,102 @@
+"""A compiled template lends its compile configuration to the parallel model.
+
+The parallel model of a compiled template needs no `compile()`: `fit`,
+`evaluate` and the `*_on_batch` steps use the template's loss, metrics and
+optimizer (`template.compile_like_template`). `compile()` with no
+arguments takes the defaults of the template's own `compile` (a KerasHub
+task's "auto" optimizer, loss and metrics; `template.compile_defaults`).
+"""
+
+import keras
+import numpy as np
+import pytest
+
+import multigpu
+from support.hub_models import gpt2_causal_lm, token_batch
+from support.models import copy_of, data, max_weight_difference, mlp
+
+pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+
+ENGINES = ("replicate", "mirrored")
+TOL = 1e-6
+
+
+def _compiled(model):
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse",
+                  metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_fit_uses_the_compiled_templates_configuration(engine, rng):
+    template = _compiled(mlp())
+    reference = _compiled(copy_of(template))
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    x, y = data(rng, 10)
+    history = parallel.fit(x, y, batch_size=10, epochs=1, shuffle=False,
+                           verbose=0)
+    reference.fit(x, y, batch_size=10, epochs=1, shuffle=False, verbose=0)
+    assert set(history.history) == {"loss", "mae"}
+    assert isinstance(parallel.optimizer, keras.optimizers.SGD)
+    assert max_weight_difference(template, reference) < TOL
+    logs = parallel.evaluate(x, y, verbose=0, return_dict=True)
+    expected = reference.evaluate(x, y, verbose=0, return_dict=True)
+    np.testing.assert_allclose(logs["loss"], expected["loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_evaluate_and_train_on_batch_need_no_compile(engine, rng):
+    template = _compiled(mlp())
+    reference = _compiled(copy_of(template))
+    x, y = data(rng, 6)
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    assert set(parallel.evaluate(x, y, verbose=0, return_dict=True)) == {
+        "loss", "mae"}
+    other = multigpu.multi_gpu_model(_compiled(copy_of(template)), gpus=4,
+                                     engine=engine)
+    other.train_on_batch(x, y)
+    reference.train_on_batch(x, y)
+    assert max_weight_difference(other.template, reference) < TOL
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_parallel_compile_of_its_own_wins(engine, rng):
+    template = _compiled(mlp())
+    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    parallel.compile(optimizer="adam", loss="mae")
+    x, y = data(rng, 4)
+    history = parallel.fit(x, y, epochs=1, verbose=0)
+    assert set(history.history) == {"loss"}
+    assert isinstance(parallel.optimizer, keras.optimizers.Adam)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_keras_hub_task_trains_without_compile(engine, rng):
+    task = gpt2_causal_lm()
+    reference = gpt2_causal_lm()
+    parallel = multigpu.multi_gpu_model(task, gpus=4, engine=engine)
+    x, y = token_batch(rng, 6), rng.integers(0, 50, (6, 8)).astype("int32")
+    parallel.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=6, epochs=1, shuffle=False, verbose=0)
+    assert max_weight_difference(task, reference) < TOL
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bare_compile_takes_the_tasks_defaults(engine, rng):
+    task = gpt2_causal_lm()
+    parallel = multigpu.multi_gpu_model(task, gpus=4, engine=engine)
+    parallel.compile(optimizer="sgd", loss="mse")  # replaced by the defaults:
+    parallel.compile()
+    assert isinstance(parallel.optimizer, keras.optimizers.Adam)
+    assert parallel.optimizer.get_config()["learning_rate"] == pytest.approx(2e-5)
+    assert parallel.loss.get_config()["from_logits"] is True
+    x, y = token_batch(rng, 5), rng.integers(0, 50, (5, 8)).astype("int32")
+    logs = parallel.evaluate(x, y, verbose=0, return_dict=True)
+    assert set(logs) == {"loss", "sparse_categorical_accuracy"}
+
+
+def test_bare_compile_of_a_plain_template_is_keras_own():
+    parallel = multigpu.multi_gpu_model(mlp(), gpus=4)
+    parallel.compile()
+    assert isinstance(parallel.optimizer, keras.optimizers.RMSprop)
+    assert parallel.loss is None

@@ -1,0 +1,55 @@
+"""The worker scripts in `tests/python/support/workers`, which the launcher, the
+multi-worker and the Slurm tests start as processes of their own, and the
+one-process run their training is compared with."""
+
+import os
+import sys
+
+import keras
+import numpy as np
+
+from support.models import mlp
+
+WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers")
+# Bounds a wedged run: far above a normal run, far below "hangs forever".
+RUN_TIMEOUT = 180
+
+
+def script(name):
+    """The path of the worker script `name`."""
+    return os.path.join(WORKERS, name)
+
+
+def running(name):
+    """Pids of live processes running the worker script `name`."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if script(name).encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            pass
+    return pids
+
+
+def one_process_reference(initial, global_batch, epochs):
+    """The workers' model trained by one process on the same global batches
+    (the workers' data, `workers/_common.py`), from the weights `initial`.
+
+    Returns:
+        The model and its `History`.
+    """
+    sys.path.insert(0, WORKERS)
+    try:
+        import _common
+    finally:
+        sys.path.remove(WORKERS)
+    model = mlp()
+    model.set_weights([np.asarray(w, "float32") for w in initial])
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss="mse", metrics=["mae"])
+    x, y = _common.training_data()
+    history = model.fit(x, y, batch_size=global_batch, epochs=epochs,
+                        shuffle=False, verbose=0)
+    return model, history
