@@ -126,3 +126,51 @@ def _private_attributes_by_name(path):
 def test_only_internals_reads_private_attributes_by_name(path):
     # ruff's SLF001 catches `x._name`; this catches getattr(x, "_name").
     assert not _private_attributes_by_name(path)
+
+
+# The packages from the floor up: a module may import its own package and
+# the packages below it, never one above. The shared modules at the top of
+# `multigpu` (messages, arguments, internals, devices, variables, saving)
+# are the floor; the entry points (`multigpu` itself, `launch`, `demo`)
+# stand above everything.
+PACKAGE_ORDER = ["floor", "cluster", "step", "checkpoints", "distribute",
+                 "engines", "partition", "placement", "insight", "entry"]
+ENTRY_MODULES = {"multigpu", "multigpu.launch", "multigpu.demo"}
+
+
+def package_floor(module):
+    """The index in `PACKAGE_ORDER` of the package `module` belongs to."""
+    if module in ENTRY_MODULES:
+        return PACKAGE_ORDER.index("entry")
+    parts = module.split(".")
+    if len(parts) > 2 or f"multigpu.{parts[1]}" in PACKAGES:
+        return PACKAGE_ORDER.index(parts[1])
+    return PACKAGE_ORDER.index("floor")
+
+
+PACKAGES = {_module_name(p) for p in MODULE_FILES if p.name == "__init__.py"} - {"multigpu"}
+
+
+def test_every_package_has_a_place_in_the_order():
+    assert {p.split(".")[1] for p in PACKAGES} <= set(PACKAGE_ORDER)
+
+
+def test_packages_import_only_their_own_and_those_below():
+    upward = [f"{module} -> {target}"
+              for module, targets in import_graph().items()
+              for target in targets
+              if package_floor(target) > package_floor(module)]
+    assert not upward
+
+
+def test_package_floor_places_modules():
+    assert package_floor("multigpu.messages") == 0
+    assert package_floor("multigpu.engines.tensorflow.mirrored") == PACKAGE_ORDER.index("engines")
+    assert package_floor("multigpu.insight") == PACKAGE_ORDER.index("insight")
+    assert package_floor("multigpu.launch") == len(PACKAGE_ORDER) - 1
+
+
+def test_at_most_twelve_modules_at_the_top_in_five_or_more_packages():
+    top = [p for p in PACKAGE.glob("*.py")]
+    assert len(top) <= 12, sorted(p.name for p in top)
+    assert len({p.split(".")[1] for p in PACKAGES}) >= 5
