@@ -12,7 +12,7 @@
 #
 # Attaching keras3 changes S3 dispatch for the whole R session, so this mode
 # runs in an R of its own: tests/python/test_scenario_parity_keras3.py embeds
-# one (see tests/python/embedded_r.py). This file only defines functions;
+# one (see tests/python/support/embedded_r.py). This file only defines functions;
 # testthat sources it with the other helpers.
 
 #' The keras3 API of the scenario runner; keras3 and tfdatasets attached.

@@ -9,7 +9,7 @@
 # (`$template`, `$devices`) uses the Python objects directly, as R users do.
 #
 # test-scenarios.R runs every scenario with testthat; the Python test suite
-# (tests/python/embedded_r.py) sources this file into an R embedded in
+# (tests/python/support/embedded_r.py) sources this file into an R embedded in
 # its own process and calls run_scenario_for_python(), then compares the
 # record with the Python run's. So this file must work on its own: it uses
 # only multigpu's exported functions, testthat, jsonlite and reticulate.
@@ -257,7 +257,7 @@ run_scenario <- function(path, workdir = tempfile("scenario-"),
 
 # Whether a message reads in R: none of Python's spellings of values (None,
 # True, False, [...] lists) or of calls (multigpu.f()). The same rule as
-# `speaks("r", ...)` in tests/python/scenario_files.py.
+# `speaks("r", ...)` in tests/python/support/scenario_files.py.
 speaks_r <- function(message) {
   !grepl("\\b(None|True|False)\\b|\\[['\"0-9-]|\\bmultigpu\\.[a-z_]+\\(", message,
          perl = TRUE)

@@ -1,6 +1,6 @@
 # Layers with behaviour of their own, built with keras3 as R users build
 # them, through multi_gpu_model() against the same model trained on one
-# device (tests/python/test_layer_zoo.py runs every layer family in depth).
+# device (tests/python/engines/test_layer_zoo.py runs every layer family in depth).
 
 zoo_features <- function(rows, seed = 3) {
   set.seed(seed)

@@ -1,6 +1,6 @@
 # Published architectures through multi_gpu_model() from R: keras3's
 # application_*() networks (weights = NULL) and a KerasHub task reached
-# through reticulate, both engines (tests/python/test_model_zoo.py checks
+# through reticulate, both engines (tests/python/engines/test_published_models.py checks
 # their numbers in depth).
 
 max_difference <- function(a, b) {

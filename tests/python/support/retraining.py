@@ -1,6 +1,6 @@
 """One training recipe, run in the test process and in a fresh one.
 
-`python tests/python/retraining.py OUT.npz` trains the recipe once per
+`python tests/python/support/retraining.py OUT.npz` trains the recipe once per
 engine in a new process and saves the template's weights: what a user who
 restarts the session gets. `test_training_again.py` compares the training
 that follows a failed `fit` in its own process with it.
