@@ -158,12 +158,14 @@ slurm-up:
 	  echo "make: Slurm could not start here; the Slurm tests will skip."; }
 
 # Every measurement, written into docs/bench (the tests of bench/ check
-# only its plumbing, on the smallest inputs): the main comparison, then
-# each question of docs/benchmarks.md in a run of its own.
+# only its plumbing, on the smallest inputs): the main comparison (the
+# lockstep harness, bench/lockstep/), then each question of
+# docs/benchmarks.md in a run of its own (the cost studies through one
+# paired runner, bench/paired.py).
 BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
 	sync_batchnorm_cost guard_cost zero_row_padding
 bench: setup-python
-	$(PY) -m bench --output docs/bench
+	$(PY) -m bench.lockstep --output docs/bench
 	set -e; for side in $(BENCH_SIDES); do \
 	  $(PY) -m bench.$$side --output docs/bench/$$(echo $$side | tr _ -); \
 	done
@@ -173,7 +175,7 @@ bench: setup-python
 # (they run here, not in test-python); the numbers are not checked.
 bench-quick: setup-python
 	$(START)
-	$(PY) -m bench --quick --output out/bench-quick
+	$(PY) -m bench.lockstep --quick --output out/bench-quick
 	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
 	  tests/python/test_bench.py
 	$(END)

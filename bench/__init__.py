@@ -1,5 +1,7 @@
-"""Benchmarks of multigpu: throughput and memory, side by side.
+"""Benchmarks of multigpu: throughput, cost and memory, side by side.
 
-Run `python -m bench` (or `make bench`); `python -m bench --quick` is the
-CI smoke run. See `docs/benchmarks.md` for how to read the results.
+`python -m bench.lockstep` (`make bench`) is the main comparison of every
+configuration; `python -m bench.<study>` answers one question each (the
+cost studies through one paired runner, `bench.paired`). See
+`docs/benchmarks.md` for how to read the results.
 """

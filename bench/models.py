@@ -13,6 +13,10 @@ Four workloads, from overhead-bound to compute-bound:
 
 Synthetic data is drawn with a fixed seed, so every configuration (and the
 R-driven run) trains on the same rows.
+
+Two more, with BatchNormalization, for the cost studies of
+`sync_batchnorm` (`BATCHNORM_WORKLOADS`): `bn_mlp` and `bn_cnn`, on one
+synthetic batch each.
 """
 
 import dataclasses
@@ -60,6 +64,14 @@ WORKLOADS = {
         batch_size=256, rounds=10, warmup_epochs=1),
 }
 
+# name: (description, batch size, input shape)
+BATCHNORM_WORKLOADS = {
+    "bn_mlp": ("MLP 784-256-256-10, BatchNormalization after each hidden "
+               "layer, batch 256", 256, (784,)),
+    "bn_cnn": ("CNN of 3 conv + BatchNormalization blocks (16-32-32 "
+               "filters) on 32x32x3, batch 128", 128, (32, 32, 3)),
+}
+
 
 def load_data(name, seed=0):
     """Training inputs and integer labels of a workload, as numpy arrays.
@@ -88,7 +100,7 @@ def build_model(name):
     """A fresh, uncompiled Keras model of a workload.
 
     Args:
-        name: A key of `WORKLOADS`.
+        name: A key of `WORKLOADS` or of `BATCHNORM_WORKLOADS`.
 
     Returns:
         A functional `keras.Model` with softmax outputs over 10 classes.
@@ -97,8 +109,62 @@ def build_model(name):
         from multigpu.demo import build_model as demo_model
 
         return demo_model()
+    if name in BATCHNORM_WORKLOADS:
+        return _batchnorm_model(name)
     return {"cnn": _small_cnn, "mnist_cnn": _mnist_cnn,
             "mlp_large": _large_mlp}[name]()
+
+
+def one_batch(name):
+    """One batch of a workload: its first rows, or a synthetic batch.
+
+    Args:
+        name: A key of `WORKLOADS` (its data's first `batch_size` rows) or
+            of `BATCHNORM_WORKLOADS` (a batch drawn with seed 0).
+
+    Returns:
+        `(x, y)`: float32 inputs and int32 class labels.
+    """
+    if name in BATCHNORM_WORKLOADS:
+        _, batch, shape = BATCHNORM_WORKLOADS[name]
+        rng = np.random.default_rng(0)
+        return (rng.random((batch, *shape), dtype=np.float32),
+                rng.integers(0, NUM_CLASSES, batch, dtype=np.int32))
+    x, y = load_data(name)
+    batch = WORKLOADS[name].batch_size
+    return x[:batch], y[:batch]
+
+
+def parallel_copy(name, weights, devices, **kwargs):
+    """`multi_gpu_model` of a fresh model of a workload, compiled.
+
+    The cost studies build their models with this, so A and B differ only
+    in what they are built to differ in.
+
+    Args:
+        name: A workload (see `build_model`).
+        weights: The template's weights (`get_weights()` of another build).
+        devices: The devices (`gpus`).
+        **kwargs: More arguments of `multi_gpu_model` (`engine`, ...).
+
+    Returns:
+        The parallel model, compiled with SGD (learning rate 1e-3) and
+        sparse categorical cross-entropy.
+
+    Example:
+    >>> weights = build_model("demo").get_weights()
+    >>> model = parallel_copy("demo", weights, devices, engine="mirrored")
+    """
+    import keras
+
+    import multigpu
+
+    template = build_model(name)
+    template.set_weights(weights)
+    model = multigpu.multi_gpu_model(template, gpus=devices, **kwargs)
+    model.compile(optimizer=keras.optimizers.SGD(1e-3),
+                  loss="sparse_categorical_crossentropy")
+    return model
 
 
 def _small_cnn():
@@ -132,6 +198,26 @@ def _mnist_cnn():
     x = layers.Dense(64, activation="relu")(x)
     outputs = layers.Dense(NUM_CLASSES, activation="softmax", name="label")(x)
     return keras.Model(inputs, outputs, name="mnist_cnn")
+
+
+def _batchnorm_model(name):
+    import keras
+
+    layers = keras.layers
+    inputs = keras.Input(BATCHNORM_WORKLOADS[name][2])
+    x = inputs
+    if name == "bn_mlp":
+        for units in (256, 256):
+            x = layers.Dense(units)(x)
+            x = layers.Activation("relu")(layers.BatchNormalization()(x))
+    else:
+        for filters in (16, 32, 32):
+            x = layers.Conv2D(filters, 3, padding="same")(x)
+            x = layers.Activation("relu")(layers.BatchNormalization()(x))
+            x = layers.MaxPooling2D()(x)
+        x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(NUM_CLASSES, activation="softmax")(x)
+    return keras.Model(inputs, outputs, name=name)
 
 
 def _large_mlp():

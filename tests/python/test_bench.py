@@ -1,6 +1,7 @@
 """The benchmark harness runs and writes its outputs (never how fast)."""
 
 import csv
+import functools
 import os
 import pathlib
 import subprocess
@@ -28,7 +29,7 @@ def quick_run(tmp_path_factory):
     output = tmp_path_factory.mktemp("bench")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--workloads", "demo",
+        [sys.executable, "-m", "bench.lockstep", "--quick", "--workloads", "demo",
          "--devices", "2", "--configs", "plain,default", "--rounds", "1",
          "--output", str(output)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
@@ -38,7 +39,7 @@ def quick_run(tmp_path_factory):
 
 @pytest.mark.bench_quick
 def test_writes_csv_with_the_expected_columns(quick_run):
-    from bench import report
+    from bench.lockstep import report
 
     with open(quick_run / "results.csv") as stream:
         reader = csv.DictReader(stream)
@@ -60,7 +61,7 @@ def test_writes_csv_with_the_expected_columns(quick_run):
 
 @pytest.mark.bench_quick
 def test_writes_raw_measurements(quick_run):
-    from bench import report
+    from bench.lockstep import report
 
     with open(quick_run / "raw.csv") as stream:
         reader = csv.DictReader(stream)
@@ -98,7 +99,7 @@ def test_median_interval_brackets_the_median_and_narrows_with_rounds():
 
 
 def test_verdict_needs_the_whole_interval_on_one_side():
-    from bench import report
+    from bench.lockstep import report
 
     assert report.verdict(0.96, 0.99, minimum=0.95) == "met"
     assert report.verdict(0.90, 0.94, minimum=0.95) == "not met"
@@ -111,7 +112,7 @@ def test_verdict_needs_the_whole_interval_on_one_side():
 
 
 def test_the_default_engine_runs_twice_and_its_twin_follows_selection():
-    from bench import plan
+    from bench.lockstep import plan
 
     probe = {"default_engine": "replicate", "variants": [
         {"engine": "replicate", "cpu_merge": True},
@@ -129,7 +130,7 @@ def test_the_default_engine_runs_twice_and_its_twin_follows_selection():
 
 
 def test_r_is_compared_with_both_python_processes():
-    from bench import plan, report
+    from bench.lockstep import plan, report
 
     configs = [plan.Config("plain"),
                plan.Config("multi_gpu_model", "replicate", True, True),
@@ -149,7 +150,8 @@ def test_the_mnist_cnn_workload_puts_32_rows_on_each_of_4_replicas():
     # images and few weights, so per-replica costs decide its ratios.
     import keras
 
-    from bench import models, plan
+    from bench import models
+    from bench.lockstep import plan
 
     spec = models.WORKLOADS["mnist_cnn"]
     assert spec.batch_size // 4 == 32
@@ -166,7 +168,7 @@ def test_the_mnist_cnn_workload_puts_32_rows_on_each_of_4_replicas():
 
 
 def test_every_workload_has_the_4_device_target():
-    from bench import report
+    from bench.lockstep import report
 
     def row(workload, devices, low, high):
         return {"workload": workload, "devices": devices, "config": "auto",
@@ -234,53 +236,174 @@ def test_the_blas_split_computes_the_whole_product_slice_by_slice():
     assert row["ratio_range"][0] <= row["ratio"] <= row["ratio_range"][1]
 
 
-def test_the_sync_batchnorm_cost_pairs_the_two_settings():
-    # One configuration, a few rounds: both settings are built from the
-    # same weights and the row reports both and their ratio (never how
-    # fast they ran).
+class _Clock:
+    """A clock only the fake steps advance, by their cost times the load.
+
+    The load is the same within a round (one call of each of `arms` steps)
+    and changes between rounds, as a busy machine's does.
+    """
+
+    def __init__(self, arms, noise=0.0):
+        import random
+
+        self.now, self.calls, self.arms = 0.0, 0, arms
+        self.noise, self.rng = noise, random.Random(2)
+
+    def __call__(self):
+        return self.now
+
+    def step(self, cost):
+        def run():
+            load = 1 + (self.calls // self.arms) % 4
+            self.calls += 1
+            self.now += cost * load * (1 + self.rng.gauss(0, self.noise))
+        return run
+
+
+def _fake_study(clock, built):
+    from bench import paired
+
+    def arms(case, devices):
+        built.append((case, devices))
+        return paired.Arms(
+            a=lambda: clock.step(2e-3), b=lambda: clock.step(1e-3),
+            beside={"ref": lambda: clock.step(4e-3)}, cells={"batch_size": 8},
+            after=lambda seconds: {"rounds_seen": len(seconds["twin"])})
+
+    return paired.Study(
+        name="fake", a="slow", b="fast", arms=arms, options={"steps": 3},
+        axes=(paired.Axis("--workloads", "workload", ("w1", "w2"), ("w1", "w2")),
+              paired.Axis("--sizes", "size", (1, 8), type=int)),
+        tables=((paired.text("workload"), paired.number("size", "{size}"),
+                 paired.number("fast (ms)", "{fast_ms:.2f}"),
+                 paired.interval("slow / fast", "ratio"),
+                 paired.interval("the null", "null")),))
+
+
+def test_the_paired_runner_finds_a_known_ratio_whatever_the_load():
+    # A takes twice B's time in every round while the load quadruples from
+    # one round to another: the paired ratio is exactly 2 [2, 2] and the
+    # null (A's twin against A) exactly 1; no TensorFlow.
+    from bench import paired
+
+    clock, built = _Clock(arms=4), []
+    study = _fake_study(clock, built)
+    row = paired.measure(study, {"workload": "w1", "size": 8}, ["d0", "d1"],
+                         rounds=20, clock=clock)
+    assert built == [({"steps": 3, "workload": "w1", "size": 8}, ["d0", "d1"])]
+    assert clock.calls == 4 * (paired.WARMUP + 20)
+    exactly = functools.partial(pytest.approx, rel=1e-9)
+    assert (row["ratio"], row["ratio_low"], row["ratio_high"]) == exactly((2, 2, 2))
+    assert (row["null"], row["null_low"], row["null_high"]) == exactly((1, 1, 1))
+    # The medians per step do see the load: 1-4 times the cost.
+    assert 1.0 <= row["fast_ms"] <= 4.0
+    assert (row["slow_ms"], row["ref_ms"]) == exactly((2 * row["fast_ms"], 4 * row["fast_ms"]))
+    assert row["devices"] == 2 and row["rounds"] == 20
+    assert row["batch_size"] == 8 and row["rounds_seen"] == 20
+    assert row["load_1min"] >= 0 and row["load_1min_after"] >= 0
+    table = paired.markdown(study, [row]).splitlines()
+    assert table[0] == "| workload | size | fast (ms) | slow / fast | the null |"
+    assert table[1] == "|---|---:|---:|---|---|"
+    assert table[2].endswith("| 2.000 [2.000, 2.000] | 1.000 [1.000, 1.000] |")
+
+
+def test_the_paired_runner_brackets_a_noisy_ratio_and_its_null():
+    # With 2% noise per step the interval brackets the true ratio (1.5),
+    # the null's brackets 1, and the steps were taken in shuffled orders.
+    from bench import paired
+
+    clock = _Clock(arms=3, noise=0.02)
+    order = []
+
+    def step(name, cost):
+        run = clock.step(cost)
+        return lambda: (order.append(name), run())
+
+    seconds = paired.pair({"a": step("a", 1.5), "twin": step("twin", 1.5),
+                           "b": step("b", 1.0)}, rounds=200, clock=clock)
+    assert {len(v) for v in seconds.values()} == {200}
+    ratio = paired.ratio("ratio", seconds["a"], seconds["b"])
+    assert ratio["ratio_low"] < 1.5 < ratio["ratio_high"] < 1.52
+    null = paired.ratio("null", seconds["twin"], seconds["a"])
+    assert null["null_low"] < 1.0 < null["null_high"]
+    rounds = {tuple(order[i:i + 3]) for i in range(3 * paired.WARMUP, len(order), 3)}
+    assert len(rounds) == 6  # every order of the three
+
+
+def test_the_paired_runner_runs_every_combination_of_its_axes():
+    from bench import paired
+
+    study = _fake_study(_Clock(arms=4), [])
+    parser = paired.argument_parser(study)
+    args = parser.parse_args(["--sizes", "2,4", "--steps", "5"])
+    assert paired.cases(study, args, parser) == [
+        {"workload": w, "size": s, "steps": 5}
+        for w in ("w1", "w2") for s in (2, 4)]
+    assert args.devices == "2,4" and args.rounds == 100
+    assert args.output == "out/fake"
+    args = parser.parse_args(["--workloads", "w1,w3"])
+    with pytest.raises(SystemExit):
+        paired.cases(study, args, parser)
+
+
+def _case_row(module, case, rounds=3):
+    """One case of a study on 2 devices: the smallest run with intervals."""
     import keras
 
-    from bench import sync_batchnorm_cost
+    from bench import paired
     from conftest import DEVICES
 
-    model = sync_batchnorm_cost.build_model("bn_mlp")
+    row = paired.measure(module.STUDY, case, DEVICES[:2], rounds=rounds)
+    keras.utils.clear_session()
+    assert row["devices"] == 2 and row["rounds"] == rounds
+    assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
+    assert row["null_low"] <= row["null"] <= row["null_high"]
+    first = paired.markdown(module.STUDY, [row]).splitlines()[2]
+    return row, first
+
+
+def test_the_sync_batchnorm_cost_pairs_the_two_settings():
+    # Both settings are built from the same weights and the row reports
+    # both and their ratio (never how fast they ran).
+    import keras
+
+    from bench import models, sync_batchnorm_cost
+
+    model = models.build_model("bn_mlp")
     assert any(isinstance(layer, keras.layers.BatchNormalization)
                for layer in model.layers)
-    row = sync_batchnorm_cost.measure("bn_mlp", DEVICES[:2], "replicate",
-                                      rounds=2)
-    assert row["devices"] == 2 and row["rounds"] == 2
+    row, line = _case_row(sync_batchnorm_cost,
+                          {"workload": "bn_mlp", "engine": "replicate"})
     assert row["pooled_ms"] > 0 and row["per_replica_ms"] > 0
-    assert row["ratio"] > 0 and {"ratio_low", "ratio_high"} <= set(row)
-    table = sync_batchnorm_cost.markdown([row]).splitlines()
-    assert table[-1].startswith("| bn_mlp | replicate | 2 | ")
-    keras.utils.clear_session()
+    assert line.startswith("| bn_mlp | replicate | 2 | ")
 
 
 def test_the_guard_cost_benchmark_pairs_guarded_and_unguarded_steps():
-    # The smallest run whose intervals exist: 3 rounds (2 give none), the
-    # smallest workload, 2 devices; never how fast.
+    # The smallest workload, 2 devices; never how fast.
     from bench import guard_cost
-    from conftest import DEVICES
 
-    row = guard_cost.measure("demo", DEVICES[:2], "replicate", rounds=3)
+    row, line = _case_row(guard_cost, {"workload": "demo", "engine": "replicate"})
     assert row["on_ms"] > 0 and row["off_ms"] > 0
-    assert row["ratio_low"] <= row["ratio"] <= row["ratio_high"]
-    # Two unguarded twins give the run's null ratio, beside the guard's.
-    assert row["twins"] == 2
-    assert row["null_low"] <= row["null_ratio"] <= row["null_high"]
-    assert "| demo | replicate | 2 |" in guard_cost.markdown([row])
+    assert row["guard_alone_ms"] == row["guard_alone_ms"]  # not NaN
+    assert line.startswith("| demo | replicate | 2 |")
+
+
+def test_the_monitor_cost_benchmark_pairs_monitored_and_bare_steps():
+    from bench import monitor_cost
+
+    row, line = _case_row(monitor_cost, {"workload": "demo", "engine": "replicate"})
+    assert row["monitored_ms"] > 0 and row["bare_ms"] > 0
+    assert row["baseline_seconds"] > 0 and row["wrapper_alone_us"] == row["wrapper_alone_us"]
+    assert line.startswith("| demo | replicate | 2 |")
 
 
 def test_the_zero_row_padding_benchmark_steps_its_three_variants():
-    # The smallest run whose intervals exist (3 rounds), 2 devices: the
-    # old cond, the padded default and the pooled path each step, and
+    # The old cond, the padded default and the pooled path each step, and
     # the row reports both ratios; never how fast.
     from bench import zero_row_padding
-    from conftest import DEVICES
 
-    row = zero_row_padding.measure("demo", DEVICES[:2], rounds=3)
-    assert all(row[f"{v}_ms"] > 0 for v in zero_row_padding.VARIANTS)
-    for other in ("cond", "pooled"):
-        ratio, low, high = row[f"padded_over_{other}"]
-        assert low <= ratio <= high
-    assert "| demo | 2 |" in zero_row_padding.markdown([row])
+    row, line = _case_row(zero_row_padding, {"workload": "demo"})
+    assert all(row[f"{v}_ms"] > 0 for v in ("cond", "padded", "pooled"))
+    assert (row["padded_over_pooled_low"] <= row["padded_over_pooled"]
+            <= row["padded_over_pooled_high"])
+    assert line.startswith("| demo | 2 |")

@@ -18,7 +18,7 @@ contract of the replicate engine:
   between replicas (see `MirroredModel.compute_loss`).
 
 The default engine, `"auto"` (`multigpu.engines.front.DEFAULT_ENGINE`), runs this
-engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench`
+engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench.lockstep`
 measures both on logical CPU devices.
 """
 

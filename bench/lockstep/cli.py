@@ -1,9 +1,9 @@
-"""`python -m bench`: measure every configuration side by side, write reports.
+"""`python -m bench.lockstep`: measure every configuration side by side, write reports.
 
 Examples:
-    python -m bench                   # full run, results in docs/bench/
-    python -m bench --quick           # CI smoke run (< 2 min), out/bench-quick/
-    python -m bench --workloads demo --devices 2,4 --configs plain,multi_gpu_model
+    python -m bench.lockstep            # full run, results in docs/bench/
+    python -m bench.lockstep --quick    # CI smoke run (< 2 min), out/bench-quick/
+    python -m bench.lockstep --workloads demo --devices 2,4 --configs plain,multi_gpu_model
 """
 
 import argparse
@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-from bench import models, plan, report, runner, stability
+from bench import models
+from bench.lockstep import plan, report, runner, stability
 
 DOCS_OUTPUT = runner.REPO / "docs" / "bench"
 DOCS_PAGE = runner.REPO / "docs" / "benchmarks.md"
@@ -29,7 +30,7 @@ def _csv_list(text):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m bench", description=__doc__.splitlines()[0])
+        prog="python -m bench.lockstep", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: demo workload, 2 devices, 2 rounds")
     parser.add_argument("--output", type=pathlib.Path,
@@ -102,7 +103,7 @@ def metadata_of(probe, args, started, r_note):
     argv = sys.argv[1:] if args.argv is None else args.argv
     return {
         "run_started": started, "mode": "quick" if args.quick else "full",
-        "command": " ".join(["python -m bench"] + [shlex.quote(a)
+        "command": " ".join(["python -m bench.lockstep"] + [shlex.quote(a)
                                                   for a in argv]),
         "device_type": probe["device_type"],
         "cpu_model": probe["cpu_model"], "cpu_cores": probe["cpu_cores"],
@@ -185,7 +186,7 @@ def run_benchmark(args, started):
     if any(not r.get("memory_locked", True) for run in runs
            for r in run.ready.values()):
         notes.append("Some workers could not lock their memory "
-                     "(bench.memory.lock_memory): page-reclaim stalls may "
+                     "(bench.lockstep.memory.lock_memory): page-reclaim stalls may "
                      "show in their epochs.")
     return runs, metadata, notes
 

@@ -7,7 +7,7 @@ one worker, waits for its report, then grants the next, round after round in
 a shuffled order. So load from elsewhere on the machine hits every
 configuration alike, and each round gives side-by-side ratios.
 
-The worker end is `Channel` and `bench.lockstep.LockstepTimer` (used by
+The worker end is `Channel` and `bench.lockstep.timer.LockstepTimer` (used by
 Python and R-driven workers alike); the orchestrator end is `WorkerHandle`.
 This module does not import TensorFlow, so the orchestrator does not either. Messages are JSON lines over two pipes
 the orchestrator passes to the worker as inherited file descriptors, named

@@ -1,4 +1,4 @@
-"""The worker-side epoch timer of the lockstep protocol (see `bench.protocol`)."""
+"""The worker-side epoch timer of the lockstep protocol (see `bench.lockstep.protocol`)."""
 
 import faulthandler
 import os

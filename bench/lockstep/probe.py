@@ -1,6 +1,6 @@
 """What this machine and this multigpu offer, found in a throwaway process.
 
-`python -m bench.probe` prints one JSON object: the environment recorded
+`python -m bench.lockstep.probe` prints one JSON object: the environment recorded
 with the results (TensorFlow, Keras, devices, cores) and the
 `multi_gpu_model` variants to benchmark. The engines come from what
 `multi_gpu_model` accepts (its `engine` parameter, if any), so a new engine
@@ -74,7 +74,7 @@ def accepted_variants(multigpu, engines, count):
 
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
-    from bench.worker import gpus_argument
+    from bench.lockstep.worker import gpus_argument
 
     gpus = gpus_argument(count)
     variants, rejected = [], []

@@ -1,6 +1,6 @@
 # One R-driven benchmark configuration: the same training as the Python
 # workers (same model, data, optimizer, batch and epoch timing), driven from
-# R. Run by the orchestrator as `Rscript bench/r_worker.R CONFIG.json`.
+# R. Run by the orchestrator as `Rscript bench/lockstep/r_worker.R CONFIG.json`.
 #
 # With the multigpu R package installed in MULTIGPU_BENCH_R_LIBRARY, R calls
 # the package's multi_gpu_model(), compile(), fit() and predict() on R
@@ -16,13 +16,13 @@ if (use_package) {
   library(multigpu, lib.loc = library_dir)
 }
 
-lock_problem <- reticulate::import("bench.memory")$lock_memory()
+lock_problem <- reticulate::import("bench.lockstep.memory")$lock_memory()
 # SIGUSR1 from the orchestrator: Python stacks to the log (see worker.py).
 reticulate::import("faulthandler")$register(
   reticulate::import("signal")$SIGUSR1, all_threads = TRUE)
-worker <- reticulate::import("bench.worker")
-protocol <- reticulate::import("bench.protocol")
-lockstep <- reticulate::import("bench.lockstep")
+worker <- reticulate::import("bench.lockstep.worker")
+protocol <- reticulate::import("bench.lockstep.protocol")
+timer <- reticulate::import("bench.lockstep.timer")
 channel <- protocol$Channel$from_env()
 
 # The model from the R package's API, or from the Python core directly.
@@ -79,7 +79,7 @@ run <- function(config_path) {
   worker$announce(channel, model, model$devices, dim(x)[[1]], driver = "R",
                   api = if (use_package) "R package" else "reticulate",
                   memory_locked = !nzchar(lock_problem))
-  train(model, x, y, config, lockstep$LockstepTimer(channel))
+  train(model, x, y, config, timer$LockstepTimer(channel))
   worker$timed_predictions(channel, function() infer(model, x, config),
                            config$predict_calls)
   worker$finish(channel, model$devices)

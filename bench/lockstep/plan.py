@@ -92,7 +92,7 @@ class Group:
 
 
 def all_configs(probe):
-    """Every configuration, given what `bench.probe` found, in table order.
+    """Every configuration, given what `bench.lockstep.probe` found, in table order.
 
     The default engine runs in two processes (the second is its `twin`), so
     every group measures how far two identical processes differ.

@@ -9,10 +9,10 @@ import sys
 import tempfile
 import time
 
-from bench import protocol
+from bench.lockstep import protocol
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-R_WORKER = REPO / "bench" / "r_worker.R"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+R_WORKER = pathlib.Path(__file__).resolve().parent / "r_worker.R"
 
 
 def worker_env(r_library=None):
@@ -51,15 +51,15 @@ def install_r_package(library_dir, log):
 
 
 def run_probe(env, timeout=300):
-    """Runs `bench.probe` in a process of its own; returns its dict."""
+    """Runs `bench.lockstep.probe` in a process of its own; returns its dict."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.probe"], env=env, cwd=REPO,
+        [sys.executable, "-m", "bench.lockstep.probe"], env=env, cwd=REPO,
         capture_output=True, text=True,
         timeout=timeout)
     for line in done.stdout.splitlines():
         if line.startswith("BENCH_PROBE "):
             return json.loads(line[len("BENCH_PROBE "):])
-    raise RuntimeError(f"bench.probe failed:\n{done.stderr[-3000:]}")
+    raise RuntimeError(f"bench.lockstep.probe failed:\n{done.stderr[-3000:]}")
 
 
 def worker_config(group, config, seed):
@@ -77,7 +77,7 @@ def worker_command(config, config_path):
     if config.runner == "r":
         return ["Rscript", "--no-save", "--no-restore", str(R_WORKER),
                 str(config_path)]
-    return [sys.executable, "-m", "bench.worker", str(config_path)]
+    return [sys.executable, "-m", "bench.lockstep.worker", str(config_path)]
 
 
 class GroupRun:

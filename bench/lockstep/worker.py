@@ -1,8 +1,8 @@
 """One benchmark configuration, run in a process of its own.
 
-`python -m bench.worker CONFIG.json` trains one workload with one
+`python -m bench.lockstep.worker CONFIG.json` trains one workload with one
 configuration, one epoch or `predict` call at a time as the orchestrator
-grants them (see `bench.protocol`). Each configuration gets its own process
+grants them (see `bench.lockstep.protocol`). Each configuration gets its own process
 because logical devices are fixed when TensorFlow starts, two
 MirroredStrategy objects over different device sets collide in one process,
 and `ru_maxrss` is per process.
@@ -121,7 +121,7 @@ def run(config, channel):
     memory.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from bench import memory
+    from bench.lockstep import memory
 
     lock_problem = memory.lock_memory()
     runner = config["runner"]
@@ -131,7 +131,8 @@ def run(config, channel):
 
     import keras
 
-    from bench import lockstep, models
+    from bench import models
+    from bench.lockstep import timer
 
     keras.utils.set_random_seed(int(config["seed"]))
     workload = config["workload"]
@@ -141,7 +142,7 @@ def run(config, channel):
     batch_size = int(config["batch_size"])
     announce(channel, model, used, len(x), memory_locked=not lock_problem)
     model.fit(x, y, batch_size=batch_size, epochs=int(config["epochs"]),
-              callbacks=[lockstep.LockstepTimer(channel)], verbose=0)
+              callbacks=[timer.LockstepTimer(channel)], verbose=0)
     timed_predictions(
         channel, lambda: model.predict(x, batch_size=batch_size, verbose=0),
         config["predict_calls"])
@@ -156,16 +157,16 @@ def timed_predictions(channel, predict, calls):
         predict: A function of no arguments (from R too, via reticulate).
         calls: How many calls, warm-up included.
     """
-    from bench import lockstep
+    from bench.lockstep import timer
 
     for _ in range(int(calls)):
         channel.wait()
         started, cpu_started = time.perf_counter(), time.process_time()
-        faults = lockstep.major_faults()
+        faults = timer.major_faults()
         predict()
         channel.send("predict", seconds=time.perf_counter() - started,
                      cpu_seconds=time.process_time() - cpu_started,
-                     major_faults=lockstep.major_faults() - faults)
+                     major_faults=timer.major_faults() - faults)
 
 
 def announce(channel, model, used, num_samples, driver="python",
@@ -182,7 +183,7 @@ def announce(channel, model, used, num_samples, driver="python",
 
 def finish(channel, used):
     """Waits for `finish`, then reports peak memory in `done`."""
-    from bench import memory
+    from bench.lockstep import memory
 
     channel.wait()
     channel.send("done", peak_rss_mib=memory.peak_rss_mib(),
@@ -202,7 +203,7 @@ def main(argv=None):
     import faulthandler
     import signal
 
-    from bench import protocol
+    from bench.lockstep import protocol
 
     # The orchestrator sends SIGUSR1 to a worker that stopped reporting:
     # its Python stacks go to the worker's log before it is killed.
