@@ -11,7 +11,7 @@ plain Keras on the same global batch, and reports per step:
 * kernel time (TensorFlow profiler, summed over `--steps` steps): the
   extra microseconds per replica per step, split into the model's own ops
   (inside the template's layers) and the engine's plumbing (slicing, the
-  empty-batch guard, transfers, concatenation, gradient sums);
+  handling of empty shares, transfers, concatenation, gradient sums);
 * wall-clock step time (median), which the shared machine makes noisy;
 * the wall-clock cost of each replica beyond the first, from steps taken in
   turn, in one process, by the same template replicated on `n` devices and
@@ -150,7 +150,7 @@ def worker(n, rows_list, steps, workload="demo", rounds=200):
         out.append({
             "devices": n, "rows_per_replica": rows, "load_1min": load,
             "plain": p, "replicate": r,
-            # Nodes outside the template's layers (slicing, guard, transfers,
+            # Nodes outside the template's layers (slicing, empty shares, transfers,
             # concatenation, gradient sums, optimizer), beyond plain's.
             "extra_nodes_per_replica":
                 (r["other_nodes"] - p["other_nodes"]) / n,

@@ -3,15 +3,15 @@
     python -m bench.zero_row_padding --output docs/bench/zero-row-padding
 
 A replica whose share of the batch is empty used to run its forward pass
-in a `tf.cond` (`forward.forward_only_when_empty`): on every step, also
+in a `tf.cond` (`forward.inference_on_empty_share`): on every step, also
 when every replica has rows. It now runs on one row of zeros with no cond
-(`forward.padded_when_empty`). For each workload, one process with 4
+(`forward.padded_on_empty_share`). For each workload, one process with 4
 logical CPU devices builds three mirrored models of the same template and
 weights and takes one training step of each in turn on a repeated batch,
 the order shuffled every round (`bench.guard_cost.paired`):
 
 * `cond`: the previous default, the forward pass inside the zero-row cond
-  (re-created here from `forward.forward_only_when_empty`, as the engine
+  (re-created here from `forward.inference_on_empty_share`, as the engine
   ran it before; the workloads add no layer losses, which it could not
   carry);
 * `padded`: the default now;
@@ -59,15 +59,15 @@ def _batch(workload):
             rng.integers(0, bn.NUM_CLASSES, batch, dtype=np.int32))
 
 
-def _cond_guarded_class():
+def _cond_on_empty_share_class():
     """A `MirroredModel` whose call runs the old zero-row `tf.cond`."""
     import keras
 
     from multigpu import internals
-    from multigpu.engines.tensorflow.forward import forward_only_when_empty, with_logits
+    from multigpu.engines.tensorflow.forward import inference_on_empty_share, with_logits
     from multigpu.engines.tensorflow.mirrored import MirroredModel
 
-    class CondGuarded(MirroredModel):
+    class CondOnEmptyShare(MirroredModel):
         def call(self, inputs, training=None, mask=None):
             logits_at = []
 
@@ -82,13 +82,13 @@ def _cond_guarded_class():
                     return ys + [logits[i] for i in logits_at]
                 return forward
 
-            forward = forward_only_when_empty(forward_in(training),
-                                              forward_in(False))
+            forward = inference_on_empty_share(forward_in(training),
+                                               forward_in(False))
             flat = with_logits(forward(*keras.tree.flatten(inputs)),
                                logits_at)
-            return keras.tree.pack_sequence_as(self._outputs_struct, flat)
+            return keras.tree.pack_sequence_as(self.output, flat)
 
-    return CondGuarded
+    return CondOnEmptyShare
 
 
 def _model(workload, devices, variant, weights):
@@ -102,7 +102,7 @@ def _model(workload, devices, variant, weights):
                                      engine="mirrored",
                                      sync_batchnorm=variant == "pooled")
     if variant == "cond":
-        model.__class__ = _cond_guarded_class()
+        model.__class__ = _cond_on_empty_share_class()
     model.compile(optimizer=keras.optimizers.SGD(1e-3),
                   loss="sparse_categorical_crossentropy")
     return model

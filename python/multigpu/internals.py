@@ -510,6 +510,24 @@ def metrics_in_order(model, logs):
     return model._flatten_metrics_in_order(logs)
 
 
+# The strategies' hook (`multigpu.distribute.strategy`).
+
+
+def set_collective_key_base(strategy, base):
+    """Makes a `MirroredStrategy` number its collective groups from `base`.
+
+    TensorFlow 2.21's `MirroredExtended` reads the strategy's private
+    `_collective_key_base` while the strategy is constructed (TensorFlow's
+    own tests raise it per strategy): call this before
+    `tf.distribute.MirroredStrategy.__init__`.
+
+    Args:
+        strategy: A `tf.distribute.MirroredStrategy` being constructed.
+        base: An int, above the keys of every other strategy's groups.
+    """
+    strategy._collective_key_base = base
+
+
 # Saving's hook (`multigpu.saving`).
 
 

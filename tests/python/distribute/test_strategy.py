@@ -61,6 +61,15 @@ def test_same_devices_give_the_same_strategy_and_others_a_new_key_range():
     assert min(bases) >= strategy_lib._KEY_BASE_START
 
 
+def test_a_reset_forgets_the_strategies_but_not_the_keys_handed_out():
+    first = multigpu.mirrored_strategy(2)
+    strategy_lib.STATE.reset()
+    again = multigpu.mirrored_strategy(2)
+    assert again is not first
+    assert again._collective_key_base > first._collective_key_base
+    assert multigpu.mirrored_strategy(2) is again
+
+
 def _fit_under(strategy, rng, rows=48):
     with strategy.scope():
         model = mlp()

@@ -474,7 +474,7 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
         MaxPooling reports "input depth must be evenly divisible by filter
         depth") or, in training, give BatchNormalization NaN statistics.
         Such a replica runs the pass on one row of zeros, with no `tf.cond`
-        (`forward.padded_when_empty`): its outputs are cut back to zero
+        (`forward.padded_on_empty_share`): its outputs are cut back to zero
         rows, its layer-made loss weighs nothing and it writes no moving
         statistics. With `sync_batchnorm` in training, the pass has
         all-reduces that every replica must join (a `tf.cond` would refuse
