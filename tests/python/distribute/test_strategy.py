@@ -118,7 +118,8 @@ def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
         print("ours", fit(multigpu.mirrored_strategy(4)))
         print("ours", fit(multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])))
     """)
-    result = subprocess.run([sys.executable, "-c", script, os.path.dirname(WORKERS)],
+    tests = os.path.dirname(os.path.dirname(WORKERS))  # holds `support`
+    result = subprocess.run([sys.executable, "-c", script, tests],
                             capture_output=True, text=True,
                             timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
