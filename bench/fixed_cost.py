@@ -11,7 +11,7 @@ plain Keras on the same global batch, and reports per step:
 * kernel time (TensorFlow profiler, summed over `--steps` steps): the
   extra microseconds per replica per step, split into the model's own ops
   (inside the template's layers) and the engine's plumbing (slicing, the
-  empty-batch guard, transfers, concatenation, gradient sums);
+  handling of empty shares, transfers, concatenation, gradient sums);
 * wall-clock step time (median), which the shared machine makes noisy;
 * the wall-clock cost of each replica beyond the first, from steps taken in
   turn by `bench.paired`: A, the same template replicated on `n` devices,
@@ -91,7 +91,7 @@ def _arms(case, devices):
             for model in (plain(), engine(devices)))
     cells = {
         "plain": p, "replicate": r,
-        # Nodes outside the template's layers (slicing, guard, transfers,
+        # Nodes outside the template's layers (slicing, empty shares, transfers,
         # concatenation, gradient sums, optimizer), beyond plain's.
         "extra_nodes_per_replica": (r["other_nodes"] - p["other_nodes"]) / n,
         "model_nodes_per_replica": r["model_nodes"] / n,

@@ -3,9 +3,9 @@
     python -m bench.zero_row_padding --output docs/bench/zero-row-padding
 
 The mirrored engine runs a replica whose share of the batch is empty on
-one row of zeros, with no cond (`forward.padded_when_empty`); the
+one row of zeros, with no cond (`forward.padded_on_empty_share`); the
 alternative is its forward pass in a `tf.cond`
-(`forward.forward_only_when_empty`), on every step, also when every
+(`forward.inference_on_empty_share`), on every step, also when every
 replica has rows. For each workload, one process with 4 logical CPU
 devices builds mirrored models of the same template and weights and
 `bench.paired` takes one training step of each in turn on a repeated
@@ -13,7 +13,7 @@ batch, the order shuffled every round:
 
 * A, `padded`: the engine's default;
 * B, `cond`: the forward pass inside the zero-row cond (re-created here
-  from `forward.forward_only_when_empty`; the workloads add no layer
+  from `forward.inference_on_empty_share`; the workloads add no layer
   losses, which it cannot carry);
 * beside them, `pooled`: `sync_batchnorm=True`, which pads too.
 
@@ -31,15 +31,15 @@ import sys
 from bench import models, paired
 
 
-def _cond_guarded_class():
+def _cond_on_empty_share_class():
     """A `MirroredModel` whose call runs the old zero-row `tf.cond`."""
     import keras
 
     from multigpu import internals
-    from multigpu.engines.tensorflow.forward import forward_only_when_empty, with_logits
+    from multigpu.engines.tensorflow.forward import inference_on_empty_share, with_logits
     from multigpu.engines.tensorflow.mirrored import MirroredModel
 
-    class CondGuarded(MirroredModel):
+    class CondOnEmptyShare(MirroredModel):
         def call(self, inputs, training=None, mask=None):
             logits_at = []
 
@@ -54,13 +54,13 @@ def _cond_guarded_class():
                     return ys + [logits[i] for i in logits_at]
                 return forward
 
-            forward = forward_only_when_empty(forward_in(training),
+            forward = inference_on_empty_share(forward_in(training),
                                               forward_in(False))
             flat = with_logits(forward(*keras.tree.flatten(inputs)),
                                logits_at)
-            return keras.tree.pack_sequence_as(self._outputs_struct, flat)
+            return keras.tree.pack_sequence_as(self.output, flat)
 
-    return CondGuarded
+    return CondOnEmptyShare
 
 
 def _arms(case, devices):
@@ -77,7 +77,7 @@ def _arms(case, devices):
                                          engine="mirrored",
                                          sync_batchnorm=name == "pooled")
             if name == "cond":
-                model.__class__ = _cond_guarded_class()
+                model.__class__ = _cond_on_empty_share_class()
             return paired.train_step(model, x, y)
         return make
 

@@ -6,6 +6,7 @@ value means the same devices everywhere.
 """
 
 import collections
+import dataclasses
 import gc
 import os
 import re
@@ -21,8 +22,38 @@ from multigpu.messages import api, current_language, literal, literals, setting
 
 # More logical CPU devices than this many per core only slow a simulation.
 OVERSUBSCRIPTION = 8
-# The `threads` the logical CPU devices were configured with (None: default).
-_configured_threads = []
+# The host's CPU: where Keras hands batches over, and where the replicate
+# engine slices batches and merges outputs unless told otherwise.
+HOST_DEVICE = "/device:CPU:0"
+
+
+@dataclasses.dataclass
+class DevicesState:
+    """What this module keeps for the process.
+
+    Attributes:
+        threads_configured: Whether `virtual_devices` configured logical
+            CPU devices (their thread pools are sized once).
+        threads: The `threads` they were configured with (None: default).
+        warned: Keys of the warnings given once per process.
+    """
+
+    threads_configured: bool = False
+    threads: int | None = None
+    warned: set = dataclasses.field(default_factory=set)
+
+    def reset(self):
+        """Forgets the warnings given and the threads configured (for tests).
+
+        As a fresh import would; TensorFlow keeps the devices and thread
+        pools it has.
+        """
+        self.threads_configured = False
+        self.threads = None
+        self.warned.clear()
+
+
+STATE = DevicesState()
 
 _DEVICE_NAME = re.compile(
     r"^(?:/job:localhost)?(?:/replica:0)?(?:/task:0)?"
@@ -34,7 +65,6 @@ def _expected():
     f"GPU), an int >= 2 (that many devices), a list of >= 2 distinct GPU ids "
     f"such as {literal([0, 1])}, or a list of >= 2 distinct device names such as "
     f"{literal(['/gpu:0', '/gpu:1'])} or {literal(['/cpu:0', '/cpu:1'])}")
-_warned = set()
 
 
 def _logical_devices(device_type):
@@ -49,8 +79,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _warn_once(key, message):
-    if key not in _warned:
-        _warned.add(key)
+    if key not in STATE.warned:
+        STATE.warned.add(key)
         try:
             warnings.warn(message, UserWarning,
                           skip_file_prefixes=(_PACKAGE,))
@@ -409,7 +439,7 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
         tf.config.set_logical_device_configuration(physical[0], configs)
     if device_type == "CPU" and n > 1:
         _own_thread_pools(n, threads)
-        _configured_threads[:] = [threads]
+        STATE.threads_configured, STATE.threads = True, threads
     return names
 
 
@@ -493,13 +523,13 @@ def first_thing_where():
 
 def _warn_if_threads_ignored(n, threads):
     """A repeated call cannot resize the thread pools: say so."""
-    if threads is None or not _configured_threads or (
-            _configured_threads[0] == threads):
+    if threads is None or not STATE.threads_configured or (
+            STATE.threads == threads):
         return
     warnings.warn(
         f"{api('virtual_devices', f'{n}, threads={literal(threads)}')} is "
         f"ignored: the {n} devices already exist with threads="
-        f"{literal(_configured_threads[0])}, and thread pools are sized once, "
+        f"{literal(STATE.threads)}, and thread pools are sized once, "
         "when TensorFlow starts. Pass threads= in the first call (or restart "
         "the process).",
         UserWarning, stacklevel=3,

@@ -1,18 +1,54 @@
 """The Keras and TensorFlow internals this package relies on, in one place.
 
-Each function reads or writes one private attribute for which Keras 3.15 and
+Each function reads or writes one private attribute, or imports one private
+module (`keras.src...`, `tensorflow.python...`), for which Keras 3.15 and
 TensorFlow 2.21 have no public equivalent. Everything else in the package
 goes through these functions, so a Keras or TensorFlow upgrade that renames
 one breaks this module only (ruff's SLF001 is off here and on everywhere
-else).
+else; `tests/python/test_layout.py` refuses private imports elsewhere).
 """
 
 import contextlib
+import dataclasses
 import threading
 
+import keras
+import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.framework import ops as ops_lib
+
+
+@dataclasses.dataclass
+class InternalsState:
+    """What this module keeps for the process.
+
+    Attributes:
+        restarted: Whether `restart_tensorflow` ran: CUDA, started with the
+            first runtime, keeps the GPUs it saw then (it reads
+            `CUDA_VISIBLE_DEVICES` once).
+        op_callback_users: Open `op_callback` blocks per (callback list,
+            callback) pair.
+        op_callback_lock: Guards `op_callback_users` (replica threads
+            enter and leave blocks concurrently).
+    """
+
+    restarted: bool = False
+    op_callback_users: dict = dataclasses.field(default_factory=dict)
+    op_callback_lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock)
+
+    def reset(self):
+        """Forgets a restart (for tests that simulate a fresh process).
+
+        The op callbacks' users are left alone: each open block removes
+        its own when it ends.
+        """
+        self.restarted = False
+
+
+STATE = InternalsState()
 
 
 def producing_operation(tensor):
@@ -97,14 +133,9 @@ def tensorflow_started():
     return context.context()._context_handle is not None
 
 
-# Set once `restart_tensorflow` ran: CUDA, started with the first runtime,
-# keeps the GPUs it saw then (it reads CUDA_VISIBLE_DEVICES once).
-_restarted = []
-
-
 def cuda_may_have_started():
     """Whether TensorFlow's runtime has started in this process, even if restarted since."""
-    return bool(_restarted) or tensorflow_started()
+    return STATE.restarted or tensorflow_started()
 
 
 def eager_tensor_type():
@@ -119,7 +150,7 @@ def restart_tensorflow():
     the old context must no longer exist: the caller checks that none lives.
     """
     context._reset_context()
-    _restarted.append(True)
+    STATE.restarted = True
 
 
 def functional_graph_of(model):
@@ -266,14 +297,7 @@ def stateless_scope():
 
 def stored_value(variable):
     """A Keras variable's value as stored: no stateless scope, no autocast."""
-    import tensorflow as tf
-
     return tf.convert_to_tensor(variable._value)
-
-
-# Users of each (callback list, callback) pair, for `op_callback`.
-_op_callback_users = {}
-_op_callback_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -294,17 +318,18 @@ def op_callback(callback):
     from tensorflow.python.framework import op_callbacks
 
     key = (id(context.context().op_callbacks), callback)
-    with _op_callback_lock:
-        if key not in _op_callback_users:
+    users = STATE.op_callback_users
+    with STATE.op_callback_lock:
+        if key not in users:
             op_callbacks.add_op_callback(callback)
-        _op_callback_users[key] = _op_callback_users.get(key, 0) + 1
+        users[key] = users.get(key, 0) + 1
     try:
         yield
     finally:
-        with _op_callback_lock:
-            _op_callback_users[key] -= 1
-            if not _op_callback_users[key]:
-                del _op_callback_users[key]
+        with STATE.op_callback_lock:
+            users[key] -= 1
+            if not users[key]:
+                del users[key]
                 op_callbacks.remove_op_callback(callback)
 
 
@@ -364,3 +389,252 @@ def initialized(variable):
     the scope ends.
     """
     return variable._value is not None
+
+
+# Attributes kept out of Keras's and TensorFlow's tracking: one mechanism
+# for every engine (`multigpu.engines`).
+
+
+@tf.__internal__.tracking.no_automatic_dependency_tracking
+def _assign_without_dependency(obj, name, value):
+    setattr(obj, name, value)
+
+
+def set_untracked(obj, name, value):
+    """Sets `obj.<name>` to `value` out of sight of Keras's and TensorFlow's tracking.
+
+    A Keras layer or model tracks what its attributes are set to: a layer
+    becomes one of its layers, a variable one of its weights, a list a
+    tracked list. Keras 3.15 switches that off in the private
+    `keras.src.utils.tracking.DotNotTrackScope`. On TensorFlow a trackable
+    also becomes a checkpoint dependency of the model, which TensorFlow
+    2.21 switches off per object with
+    `tf.__internal__.tracking.no_automatic_dependency_tracking`. An
+    attribute set here is neither: use it for a reference to another
+    model (a template) and for state that is not the model's (a gradient
+    accumulator's or the NaN guard's variables). Other objects take the
+    value as any attribute.
+
+    Args:
+        obj: A Keras layer or model, or any object.
+        name: The attribute's name.
+        value: Its value.
+
+    Returns:
+        `value`.
+
+    Example:
+    >>> set_untracked(model, "_template", template)
+    >>> template in model.layers
+    False
+    """
+    from keras.src.utils import tracking
+
+    with tracking.DotNotTrackScope():
+        if isinstance(obj, tf.__internal__.tracking.Trackable):
+            _assign_without_dependency(obj, name, value)
+        else:
+            setattr(obj, name, value)
+    return value
+
+
+def untracked(obj, name, make=None):
+    """`obj`'s attribute `name`, as `set_untracked` set it.
+
+    Args:
+        obj: The object.
+        name: The attribute's name.
+        make: Called when `obj` has no such attribute yet; its result is
+            set with `set_untracked` and returned. Without it the answer
+            is then None.
+
+    Returns:
+        The attribute's value, or what `make()` made, or None.
+
+    Example:
+    >>> untracked(model, "_parts", make=lambda: [keras.Variable(0.0)])
+    [<Variable ...>]
+    """
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        return None if make is None else set_untracked(obj, name, make())
+
+
+# The mirrored engine's hooks (`multigpu.engines.tensorflow.mirrored`).
+
+
+class BuildsFromOneReplica:
+    """Mixin of a `keras.Model` under a strategy: built from one replica's share.
+
+    Under a strategy, Keras 3.15's TensorFlow trainer builds a model's
+    compiled state (metrics, loss) before the first step of `fit` and
+    `evaluate` from their first batch, averaged over the replicas
+    (`TensorFlowTrainer._maybe_symbolic_build` in Keras's
+    `keras/src/backend/tensorflow/trainer.py`, given the epoch iterator,
+    whose steps are `(begin, end, iterator)`).
+    The average fails ("AddN ... must have the same size and shape")
+    unless the batch splits evenly; the first replica's share has the
+    shapes the build needs. The batch of a `*_on_batch` step is used as
+    it comes. Place the mixin before `keras.Model` in the bases.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = keras.tree.map_structure(
+                    self._first_replica_value, next(batches))
+                break
+        return super()._maybe_symbolic_build(data_batch=data_batch)
+
+    def _first_replica_value(self, value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return self.distribute_strategy.experimental_local_results(value)[0]
+        return value
+
+
+def metrics_in_order(model, logs):
+    """`logs` as a `*_on_batch` call returns them without `return_dict`.
+
+    One value, or a list in the order of the model's metrics (the rest by
+    name): what Keras 3.15's `train_on_batch` returns, through the private
+    `Trainer._flatten_metrics_in_order`.
+
+    Args:
+        model: The compiled model the logs are of.
+        logs: `{name: value}` of one step.
+
+    Returns:
+        A scalar or a list of scalars.
+    """
+    return model._flatten_metrics_in_order(logs)
+
+
+# The strategies' hook (`multigpu.distribute.strategy`).
+
+
+def set_collective_key_base(strategy, base):
+    """Makes a `MirroredStrategy` number its collective groups from `base`.
+
+    TensorFlow 2.21's `MirroredExtended` reads the strategy's private
+    `_collective_key_base` while the strategy is constructed (TensorFlow's
+    own tests raise it per strategy): call this before
+    `tf.distribute.MirroredStrategy.__init__`.
+
+    Args:
+        strategy: A `tf.distribute.MirroredStrategy` being constructed.
+        base: An int, above the keys of every other strategy's groups.
+    """
+    strategy._collective_key_base = base
+
+
+# Saving's hook (`multigpu.saving`).
+
+
+def optimizer_weights_from_hdf5(h5):
+    """The optimizer's weights a legacy `.h5` model file holds, in order.
+
+    Keras 3.15 reads them only in its private legacy loader
+    (`keras.src.legacy.saving.legacy_h5_format`); no public function
+    returns them.
+
+    Args:
+        h5: An open `h5py.File` with an `optimizer_weights` group.
+
+    Returns:
+        A list of numpy arrays, for `optimizer.set_weights`.
+    """
+    from keras.src.legacy.saving import legacy_h5_format
+
+    return legacy_h5_format.load_optimizer_weights_from_hdf5_group(h5)
+
+
+# The cluster resolver's hooks (`multigpu.cluster.resolver`): TensorFlow
+# 2.21 exports `tf.distribute.cluster_resolver.SlurmClusterResolver` but not
+# the parsers it reads Slurm's variables with
+# (`tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver`).
+
+
+def slurm_hostlist(nodelist):
+    """The host names of a Slurm node list, in order.
+
+    Example:
+    >>> slurm_hostlist("n[1-2],m5")
+    ['n1', 'n2', 'm5']
+    """
+    from tensorflow.python.distribute.cluster_resolver import (
+        slurm_cluster_resolver,
+    )
+
+    return slurm_cluster_resolver.expand_hostlist(nodelist)
+
+
+def slurm_tasks_per_node(tasks):
+    """Slurm's tasks per node (`SLURM_STEP_TASKS_PER_NODE`), one int per node.
+
+    Example:
+    >>> slurm_tasks_per_node("3(x2),1")
+    [3, 3, 1]
+    """
+    from tensorflow.python.distribute.cluster_resolver import (
+        slurm_cluster_resolver,
+    )
+
+    return slurm_cluster_resolver.expand_tasks_per_node(tasks)
+
+
+def nvidia_smi_gpu_count():
+    """The GPUs `nvidia-smi` lists on this node, as `SlurmClusterResolver` counts them.
+
+    Raises:
+        RuntimeError, OSError: when `nvidia-smi` fails.
+    """
+    from tensorflow.python.distribute.cluster_resolver import (
+        slurm_cluster_resolver,
+    )
+
+    return slurm_cluster_resolver.get_num_gpus()
+
+
+# Placement's hooks (`multigpu.placement.communication`, `.profiler`).
+
+
+def recorded_graph_tensors(dump_root):
+    """What a debugger dump recorded of graph tensors: `[(op, slot, value)]`.
+
+    TensorFlow 2.21's `tf.debugging.experimental.enable_dump_debug_info`
+    writes the dump; its reader (`DebugDataReader`) is in the private
+    `tensorflow.python.debug.lib.debug_events_reader` only.
+
+    Args:
+        dump_root: The directory the dump was written to.
+
+    Returns:
+        One `(op name, output slot, value as a numpy array)` per recorded
+        execution of a graph op's output, in execution order. With
+        `tensor_debug_mode="SHAPE"` the value is TensorFlow's shape summary
+        (`[id, dtype enum, rank, size, dim 0, ... dim 5]`).
+    """
+    from tensorflow.python.debug.lib import debug_events_reader
+
+    recorded = []
+    with debug_events_reader.DebugDataReader(dump_root) as reader:
+        reader.update()
+        for trace in reader.graph_execution_traces():
+            recorded.append((trace.op_name, trace.output_slot, np.asarray(
+                reader.graph_execution_trace_to_tensor_value(trace))))
+    return recorded
+
+
+def profiler_space(path):
+    """A profiler trace file (`*.xplane.pb`), parsed: an `XSpace` message.
+
+    TensorFlow 2.21's profiler (`tf.profiler.experimental`) writes it; the
+    message class is in `tensorflow.tsl.profiler.protobuf.xplane_pb2` only.
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as handle:
+        space.ParseFromString(handle.read())
+    return space

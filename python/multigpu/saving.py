@@ -18,8 +18,8 @@ import zipfile
 
 import h5py
 import keras
-from keras.src.legacy.saving import legacy_h5_format
 
+from multigpu import internals
 from multigpu.messages import literal
 
 _ALIAS_BUG = "is not a KerasSaveable subclass"
@@ -55,7 +55,7 @@ def _compile_from_hdf5(model, filepath):
         if "optimizer_weights" in h5:
             model.optimizer.build(model.trainable_variables)
             model.optimizer.set_weights(
-                legacy_h5_format.load_optimizer_weights_from_hdf5_group(h5))
+                internals.optimizer_weights_from_hdf5(h5))
     return model
 
 

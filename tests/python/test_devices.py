@@ -26,12 +26,12 @@ def fake_machine(monkeypatch, gpus=0, cpus=1):
         "CPU": [f"/device:CPU:{i}" for i in range(cpus)],
     }
     monkeypatch.setattr(devices_lib, "_logical_devices", listing.__getitem__)
-    monkeypatch.setattr(devices_lib, "_warned", set())
+    devices_lib.STATE.reset()
 
 
 @pytest.fixture(autouse=True)
-def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(devices_lib, "_warned", set())
+def fresh_warnings():
+    devices_lib.STATE.reset()
 
 
 def test_conftest_configured_four_logical_cpus():

@@ -103,3 +103,43 @@ def test_an_op_callback_replaces_outputs_until_its_last_user_leaves():
 
     first, second, third = negated(tf.constant(1.0))
     assert (float(first), float(second), float(third)) == (0.0, 0.0, -1.0)
+
+
+def test_an_untracked_attribute_is_no_layer_weight_or_checkpoint_dependency():
+    holder, template = keras.layers.Layer(), mlp()
+    internals.set_untracked(holder, "_held", template)
+    made = internals.untracked(
+        holder, "_variables", make=lambda: [keras.Variable(1.0)])
+    assert holder._held is template
+    assert internals.untracked(holder, "_variables") is made
+    assert internals.untracked(holder, "_absent") is None
+    assert holder.weights == [] and holder._layers == []
+    children = holder._trackable_children()
+    assert "_held" not in children and "_variables" not in children
+    # Tracked as usual outside it.
+    holder.held = template
+    assert len(holder.weights) == len(template.weights)
+    assert "held" in holder._trackable_children()
+
+
+def test_untracked_attributes_of_plain_objects_are_attributes():
+    class Plain:
+        pass
+
+    plain = Plain()
+    assert internals.set_untracked(plain, "_x", 3) == 3
+    assert vars(plain) == {"_x": 3}
+
+
+def test_metrics_in_order_is_what_train_on_batch_returns():
+    model = mlp()
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    x, y = keras.ops.ones((4, 8)), keras.ops.ones((4, 3))
+    expected = model.test_on_batch(x, y)
+    logs = model.test_on_batch(x, y, return_dict=True)
+    assert internals.metrics_in_order(model, logs) == expected
+
+
+def test_slurm_lists_are_expanded():
+    assert internals.slurm_hostlist("n[1-2],m5") == ["n1", "n2", "m5"]
+    assert internals.slurm_tasks_per_node("3(x2),1") == [3, 3, 1]

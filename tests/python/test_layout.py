@@ -174,3 +174,175 @@ def test_at_most_twelve_modules_at_the_top_in_five_or_more_packages():
     top = [p for p in PACKAGE.glob("*.py")]
     assert len(top) <= 12, sorted(p.name for p in top)
     assert len({p.split(".")[1] for p in PACKAGES}) >= 5
+
+
+# Keras's and TensorFlow's private modules (`keras.src...`; below the
+# `tensorflow` package, whose public API is `tf.*`) are imported by
+# `multigpu.internals` only.
+IMPORT_FUNCTIONS = ("import_module", "__import__", "find_spec")
+
+
+def _is_private_module(name):
+    return (name == "keras.src" or name.startswith("keras.src.")
+            or name.startswith("tensorflow."))
+
+
+def private_imports(source):
+    """Imports of Keras's or TensorFlow's private modules in `source`.
+
+    `import tensorflow.python.x`, `from keras.src import y`, `from
+    tensorflow import python`, and `importlib.import_module("keras.src.z")`
+    (or `__import__`, `find_spec`) with a literal name.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            module = node.module or ""
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call):
+            function = node.func
+            called = (function.attr if isinstance(function, ast.Attribute)
+                      else getattr(function, "id", None))
+            if (called in IMPORT_FUNCTIONS and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                names = [node.args[0].value]
+        found += [f"{node.lineno}: {name}" for name in names
+                  if _is_private_module(name)]
+    return found
+
+
+def test_private_imports_finds_every_form():
+    source = "\n".join([
+        "import keras", "import tensorflow as tf", "from keras import ops",
+        "import tensorflow.python.eager.context",
+        "from tensorflow.python.framework import ops",
+        "from keras.src.utils import tracking",
+        "from tensorflow import python",
+        "from keras import src",
+        "import importlib",
+        "importlib.import_module('keras.src.saving')",
+        "__import__('tensorflow.tsl.profiler')",
+        "from multigpu import internals",
+    ])
+    assert private_imports(source) == [
+        "4: tensorflow.python.eager.context",
+        "5: tensorflow.python.framework", "5: tensorflow.python.framework.ops",
+        "6: keras.src.utils", "6: keras.src.utils.tracking",
+        "7: tensorflow.python", "8: keras.src",
+        "10: keras.src.saving", "11: tensorflow.tsl.profiler",
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in MODULE_FILES if p.name != "internals.py"],
+    ids=_module_name)
+def test_only_internals_imports_keras_and_tensorflow_privates(path):
+    found = private_imports(path.read_text())
+    assert not found
+
+
+def _ruff_lint():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+    pyproject = PACKAGE.parents[1] / "pyproject.toml"
+    return tomllib.loads(pyproject.read_text())["tool"]["ruff"]["lint"]
+
+
+def test_ruff_refuses_private_attributes_outside_internals():
+    lint = _ruff_lint()
+    assert "SLF001" in lint["select"]
+    package_ignores = {pattern: rules for pattern, rules
+                       in lint["per-file-ignores"].items()
+                       if pattern.startswith("python/")}
+    assert package_ignores == {"python/multigpu/internals.py": ["SLF001"]}
+    silenced = [f"{path.relative_to(PACKAGE)}:{number}"
+                for path in MODULE_FILES if path.name != "internals.py"
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if "noqa" in line and "SLF001" in line]
+    assert not silenced
+
+
+def _foreign_private_names(cls):
+    """Private names of the Keras and TensorFlow classes `cls` builds on.
+
+    Their methods and class attributes, and the attributes their code sets
+    on `self`. A Keras model made from inputs and outputs becomes a
+    functional model when constructed, so its functional class counts too.
+    """
+    import inspect
+    import re
+
+    import keras
+
+    bases = [base for base in cls.__mro__
+             if not base.__module__.startswith("multigpu")
+             and base is not object]
+    if issubclass(cls, keras.Model):
+        inputs = keras.Input((1,))
+        functional = type(keras.Model(inputs, inputs))
+        bases += list(functional.__mro__)
+    names = set()
+    for base in bases:
+        names |= {name for name in vars(base)
+                  if name.startswith("_") and not name.startswith("__")}
+        try:
+            source = inspect.getsource(base)
+        except (OSError, TypeError):
+            continue
+        names |= set(re.findall(r"self\.(_[A-Za-z]\w*)\s*=", source))
+    return names
+
+
+def _private_names_used(class_node):
+    """Single-underscore names a class body uses on `self`, `cls`, `super()` or defines."""
+    names = set()
+    for node in ast.walk(class_node):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and (
+                not node.attr.startswith("__")):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in ("self", "cls")) or (
+                    isinstance(owner, ast.Call)
+                    and getattr(owner.func, "id", None) == "super"):
+                names.add(node.attr)
+    for node in class_node.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _classes_on_keras_or_tensorflow():
+    import importlib
+
+    found = []
+    for path in MODULE_FILES:
+        if path.name == "internals.py":
+            continue
+        module = importlib.import_module(_module_name(path))
+        for node in ast.parse(path.read_text()).body:
+            cls = getattr(module, node.name, None) if isinstance(
+                node, ast.ClassDef) else None
+            if isinstance(cls, type) and any(
+                    base.__module__.split(".")[0] in ("keras", "tensorflow")
+                    for base in cls.__mro__):
+                found.append((f"{_module_name(path)}.{node.name}", cls, node))
+    return found
+
+
+def test_classes_on_keras_or_tensorflow_touch_none_of_their_privates():
+    # ruff's SLF001 catches `model._name`; this catches `self._name` and
+    # `super()._name` (used, overridden or set) where Keras's or
+    # TensorFlow's class has that private name.
+    classes = _classes_on_keras_or_tensorflow()
+    assert any(name.endswith("MirroredModel") for name, _, _ in classes)
+    touched = {name: sorted(_private_names_used(node)
+                            & _foreign_private_names(cls))
+               for name, cls, node in classes}
+    assert not {name: names for name, names in touched.items() if names}

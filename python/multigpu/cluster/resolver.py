@@ -27,9 +27,6 @@ import shutil
 import warnings
 
 import tensorflow as tf
-from tensorflow.python.distribute.cluster_resolver import (
-    slurm_cluster_resolver as tf_slurm,
-)
 
 from multigpu import internals
 from multigpu.messages import api, literal
@@ -245,8 +242,8 @@ def slurm_cluster_resolver():
         )
     try:
         tasks_per_node = dict(zip(
-            tf_slurm.expand_hostlist(os.environ["SLURM_STEP_NODELIST"]),
-            tf_slurm.expand_tasks_per_node(
+            internals.slurm_hostlist(os.environ["SLURM_STEP_NODELIST"]),
+            internals.slurm_tasks_per_node(
                 os.environ["SLURM_STEP_TASKS_PER_NODE"]),
         ))
         most = max(tasks_per_node.values())
@@ -333,7 +330,7 @@ def _node_gpus():
     if shutil.which("nvidia-smi") is None:
         return 0
     try:
-        return tf_slurm.get_num_gpus()
+        return internals.nvidia_smi_gpu_count()
     except (RuntimeError, OSError):
         return 0
 

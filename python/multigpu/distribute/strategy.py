@@ -24,12 +24,14 @@ that say what went wrong and how to fix it (see `StrategyUsageError`).
 manager describes (`TF_CONFIG` or a Slurm job step; see `multigpu.cluster.resolver`).
 """
 
+import dataclasses
 import itertools
 import threading
 
 import tensorflow as tf
 
 from multigpu import devices as devices_lib
+from multigpu import internals
 from multigpu.cluster import resolver as cluster_lib
 from multigpu.cluster.readiness import signal_ready
 from multigpu.messages import api, literal, literals, setting
@@ -41,10 +43,38 @@ from multigpu.messages import api, literal, literals, setting
 _KEY_BASE_START = 1_000_000
 _KEY_STRIDE = 10_000
 
-_lock = threading.Lock()
-_key_bases = itertools.count()
-_mirrored = {}
-_multi_worker = []
+
+@dataclasses.dataclass
+class StrategiesState:
+    """The strategies made in this process.
+
+    Attributes:
+        lock: Guards the rest (strategies are asked for from any thread).
+        key_bases: Counts the collective key ranges handed out.
+        mirrored: `{(devices, cross-device ops key): (strategy, ops)}`.
+        multi_worker: The multi-worker strategy, once made (TensorFlow
+            allows one per process).
+    """
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    key_bases: itertools.count = dataclasses.field(
+        default_factory=itertools.count)
+    mirrored: dict = dataclasses.field(default_factory=dict)
+    multi_worker: tf.distribute.Strategy | None = None
+
+    def reset(self):
+        """Forgets the strategies made (for tests).
+
+        The key ranges keep counting: the collective runtime is
+        process-wide, and a new strategy must not reuse the groups of one
+        forgotten here.
+        """
+        with self.lock:
+            self.mirrored.clear()
+            self.multi_worker = None
+
+
+STATE = StrategiesState()
 
 _CROSS_DEVICE_OPS = {
     "nccl": lambda: tf.distribute.NcclAllReduce(),
@@ -312,8 +342,7 @@ class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
     """
 
     def __init__(self, devices, cross_device_ops=None, collective_key_base=0):
-        # MirroredExtended reads the key base from the strategy object.
-        self._collective_key_base = collective_key_base
+        internals.set_collective_key_base(self, collective_key_base)
         self._device_names = tuple(devices)
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -428,15 +457,15 @@ def strategy_over(devices, cross_device_ops=None):
     resolved = tuple(devices)
     ops_key, ops = _cross_device_ops(cross_device_ops)
     key = (resolved, ops_key)
-    with _lock:
-        cached = _mirrored.get(key)
+    with STATE.lock:
+        cached = STATE.mirrored.get(key)
         if cached is None:
-            base = _KEY_BASE_START + next(_key_bases) * _KEY_STRIDE
+            base = _KEY_BASE_START + next(STATE.key_bases) * _KEY_STRIDE
             strategy = GuardedMirroredStrategy(
                 list(resolved), cross_device_ops=ops, collective_key_base=base
             )
             # Keep the ops object alive so its id() is not reused.
-            cached = _mirrored[key] = (strategy, cross_device_ops)
+            cached = STATE.mirrored[key] = (strategy, cross_device_ops)
     return cached[0]
 
 
@@ -496,9 +525,9 @@ def multi_worker_strategy():
     >>> data = multigpu.distributed_dataset(x, y, 64, strategy=strategy)
     >>> history = multigpu.fit_distributed(model, data, epochs=3)
     """
-    with _lock:
-        if _multi_worker:
-            return _multi_worker[0]
+    with STATE.lock:
+        if STATE.multi_worker is not None:
+            return STATE.multi_worker
         resolver = cluster_lib.cluster_resolver()
         try:
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -517,6 +546,6 @@ def multi_worker_strategy():
             strategy.run(lambda: tf.constant(1.0)),
             axis=None,
         )
-        _multi_worker.append(strategy)
+        STATE.multi_worker = strategy
     _signal_ready()
     return strategy

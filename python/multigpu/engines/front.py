@@ -13,13 +13,13 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
+from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines import choice as choice_lib
 from multigpu.engines.copies import check_copy, copy_model
 from multigpu.engines.functional import callable_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateBacked
-from multigpu.engines.tensorflow.forward import HOST_DEVICE
 from multigpu.engines.tensorflow.mirrored import MirroredModel
 from multigpu.engines.tensorflow.replicate import ParallelModel
 from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm, walk_problem

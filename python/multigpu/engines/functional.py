@@ -2,8 +2,8 @@
 
 `callable_graph` gives any built model (Sequential, functional or
 subclassed) a graph with symbolic inputs and outputs; `output_names` and
-`named_like` keep a wrapper's output names those of the model, so loss and
-metric dicts keyed by them work unchanged. `execution_order` and
+`outputs_named_after` give a wrapper's outputs the names of the model's, so
+loss and metric dicts keyed by them work unchanged. `execution_order` and
 `call_arguments` walk such a graph node by node (the pipeline's stages and
 `sync_batchnorm`'s walk across replicas run it that way).
 """
@@ -48,8 +48,12 @@ def output_names(graph):
         [layer_name(t) for t in keras.tree.flatten(graph.output)])
 
 
-def named_like(graph, outputs):
-    """Gives each output its template output's name (so loss dicts work).
+def outputs_named_after(graph, outputs):
+    """A wrapper's `outputs`, each named after its output of `graph`.
+
+    `outputs` are new tensors (a wrapping layer's) in the structure of
+    `graph`'s outputs; each gets the name of the template's output it
+    stands for, so loss and metric dicts keyed by those names work.
 
     Outputs that share a layer name (a shared sub-model's output used
     twice) are named apart, since a Keras model's output names are unique

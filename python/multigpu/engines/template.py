@@ -385,7 +385,7 @@ class TemplateBacked:
         record = self._guard()[0] if self.check_finite else None
         return training_step.train_step(
             self, data, record, [layer_name(t) for t in self.inputs],
-            list(self.output_names), self.__dict__.get("_accumulation"))
+            list(self.output_names), internals.untracked(self, "_accumulation"))
 
     def make_train_function(self, force=False):
         self._guard()  # its variables exist before the step is traced
@@ -402,20 +402,13 @@ class TemplateBacked:
 
     def _guard(self):
         """This model's `(finite.Record, finite.Position)`, made once."""
-        guard = self.__dict__.get("_guard_parts")
-        if guard is None:
-            # Set through __dict__: kept out of Keras's attribute tracking
-            # (the record's variables are not the model's state).
-            guard = self.__dict__["_guard_parts"] = (
-                finite.Record(self.distribute_strategy), finite.Position())
-        return guard
+        # Untracked: the record's variables are not the model's state.
+        return internals.untracked(self, "_guard_parts", make=lambda: (
+            finite.Record(self.distribute_strategy), finite.Position()))
 
     def _fit_inputs(self):
         """This model's `_FitInputs`, made once (kept out of Keras's tracking)."""
-        fit_inputs = self.__dict__.get("_fit_inputs_parts")
-        if fit_inputs is None:
-            fit_inputs = self.__dict__["_fit_inputs_parts"] = _FitInputs()
-        return fit_inputs
+        return internals.untracked(self, "_fit_inputs_parts", make=_FitInputs)
 
     def copy_to_template(self, optimizer_state=False):
         """Copies what this model trained into the template.

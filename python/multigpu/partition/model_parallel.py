@@ -14,11 +14,11 @@ import tensorflow as tf
 
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_int, is_int
+from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.functional import layer_name, named_like, symbolic_graph
+from multigpu.engines.functional import layer_name, outputs_named_after, symbolic_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateBacked, built_like
-from multigpu.engines.tensorflow.forward import HOST_DEVICE
 from multigpu.messages import api, literal, setting
 from multigpu.partition.pipeline import StagePlan, Stages
 from multigpu.partition.stages import is_group, resolve_stages, staged_layers
@@ -108,7 +108,7 @@ class PartitionedModel(TemplateBacked, keras.Model):
                 symbolic_graph(template).input)
             layer = Stages(template, devices, stages, microbatches,
                            name="stages")
-            outputs = named_like(symbolic_graph(template), layer(inputs))
+            outputs = outputs_named_after(symbolic_graph(template), layer(inputs))
             kwargs.setdefault("name", f"{template.name}_partitioned")
             super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 

@@ -10,12 +10,12 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
+from multigpu.devices import HOST_DEVICE
 from multigpu.engines.functional import call_arguments, execution_order, symbolic_graph
 from multigpu.engines.template import TemplateLayer
 from multigpu.engines.tensorflow.forward import (
-    HOST_DEVICE,
     concat_with_logits,
-    forward_only_when_empty,
+    inference_on_empty_share,
     on_device,
     split_bounds,
     with_logits,
@@ -189,7 +189,7 @@ class Stages(TemplateLayer):
         forward = self._plain_forward(stage, training, logits_at)
         if self.microbatches == 1:
             return forward
-        return forward_only_when_empty(
+        return inference_on_empty_share(
             forward, self._plain_forward(stage, False, logits_at))
 
     def _run(self, flat_inputs, training):

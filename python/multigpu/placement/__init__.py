@@ -12,8 +12,8 @@ after it), `table` (the report's rows and text) and `report`
 (`placement_report`).
 """
 
+from multigpu.devices import HOST_DEVICE
 from multigpu.placement.graphs import (
-    HOST_DEVICE,
     PLUMBING_OPS,
     ExecutedNode,
     executed_node_defs,

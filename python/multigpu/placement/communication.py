@@ -24,6 +24,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from multigpu import internals
 from multigpu.devices import short_device_name
 
 SEND_OPS = frozenset({"_Send", "_HostSend"})
@@ -129,10 +130,6 @@ def recorded_tensor_sizes(run):
         execution of that op (several for ops in loops), and under
         `(op name, CHANNELS)` the bytes of its first output's last axis.
     """
-    from tensorflow.python.debug.lib import (
-        debug_events_reader,
-    )
-
     logdir = tempfile.mkdtemp(prefix="multigpu-sizes-")
     try:
         tf.debugging.experimental.enable_dump_debug_info(
@@ -143,16 +140,10 @@ def recorded_tensor_sizes(run):
         finally:
             tf.debugging.experimental.disable_dump_debug_info()
         sizes = collections.defaultdict(list)
-        with debug_events_reader.DebugDataReader(logdir) as reader:
-            reader.update()
-            for trace in reader.graph_execution_traces():
-                summary = np.asarray(reader.graph_execution_trace_to_tensor_value(trace))
-                sizes[(trace.op_name, trace.output_slot)].append(
-                    _trace_bytes(summary)
-                )
-                if trace.output_slot == 0:
-                    sizes[(trace.op_name, CHANNELS)].append(
-                        _channel_bytes(summary))
+        for op_name, slot, summary in internals.recorded_graph_tensors(logdir):
+            sizes[(op_name, slot)].append(_trace_bytes(summary))
+            if slot == 0:
+                sizes[(op_name, CHANNELS)].append(_channel_bytes(summary))
         return dict(sizes)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)

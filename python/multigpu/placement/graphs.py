@@ -21,9 +21,6 @@ PLUMBING_OPS = frozenset({
     "Switch", "Merge", "Identity",
 })
 
-# Where a step's inputs come from: Keras hands batches over on the host.
-HOST_DEVICE = "/device:CPU:0"
-
 ExecutedNode = collections.namedtuple("ExecutedNode", ["device", "op", "name"])
 
 

@@ -12,6 +12,8 @@ import tempfile
 
 import tensorflow as tf
 
+from multigpu import internals
+
 
 def trace_op_times(run):
     """Runs `run()` under the TensorFlow profiler; op time by node name.
@@ -20,8 +22,6 @@ def trace_op_times(run):
         `(times, note)`: `times` maps executed node name to its total
         kernel duration in seconds (or None), `note` says why when None.
     """
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
     with tempfile.TemporaryDirectory() as logdir:
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2)
         try:
@@ -36,9 +36,7 @@ def trace_op_times(run):
                           recursive=True)
         if not paths:
             return None, "the TensorFlow profiler wrote no trace"
-        space = xplane_pb2.XSpace()
-        with open(paths[0], "rb") as handle:
-            space.ParseFromString(handle.read())
+        space = internals.profiler_space(paths[0])
     return times_from_space(space), None
 
 

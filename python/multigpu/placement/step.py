@@ -8,11 +8,11 @@ graphs and profile, and restores weights, optimizer and metric state.
 import keras
 
 from multigpu.arguments import check_flag
+from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import inputs
 from multigpu.messages import literal, setting
 from multigpu.placement import communication, profiler
 from multigpu.placement.graphs import (
-    HOST_DEVICE,
     ExecutedNode,
     executed_node_defs,
     variables_by_device,

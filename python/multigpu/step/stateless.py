@@ -13,8 +13,8 @@ Three places of the forward path need the scope's help:
   (`StepScope.within`, `forward.held_effects`): the losses its layers add
   and the values it writes become outputs of the replica's function, and
   reach the step's scope from there;
-* a `tf.cond` whose branches write (the pipeline's zero-row guard for a
-  micro-batch, `forward.forward_only_when_empty`) returns the values its
+* a `tf.cond` whose branches write (the pipeline's cond on an empty
+  micro-batch, `forward.inference_on_empty_share`) returns the values its
   branches wrote as outputs of the cond (`StepScope.cond`): tensors made
   inside a branch cannot be used outside it;
 * a function with a custom gradient (`forward.on_device`) takes the values
@@ -180,14 +180,14 @@ class StepScope(keras.StatelessScope):
                 with nested:
                     outputs = list(fn())
                 if nested.losses:
-                    # Only the pipeline's micro-batches still run a
-                    # zero-row cond; the data-parallel engines pad instead
-                    # (`forward.padded_when_empty`).
+                    # Only the pipeline's micro-batches still run a cond
+                    # on an empty share; the data-parallel engines pad instead
+                    # (`forward.padded_on_empty_share`).
                     raise NotImplementedError(
                         "multigpu: a loss added (add_loss, "
-                        "activity_regularizer) inside a zero-row guard's "
-                        "branch in the guarded step (a pipeline stage's "
-                        "micro-batch). Train the model with "
+                        "activity_regularizer) inside the branch for an "
+                        "empty micro-batch of a pipeline stage, in the "
+                        "NaN-guarded step. Train the model with "
                         "multi_gpu_model(), whose engines take such losses, "
                         f"or set {setting('check_finite', False)}")
                 if first:
@@ -195,7 +195,7 @@ class StepScope(keras.StatelessScope):
                 elif any(k not in {id(v) for v in written}
                          for k in nested.written):
                     raise NotImplementedError(
-                        "multigpu: the zero-row branch writes a variable "
+                        "multigpu: the branch for no rows writes a variable "
                         "that the training branch does not")
                 # A variable outside the mapping that only the first
                 # branch wrote (an unseeded `keras.random` draw's global

@@ -226,7 +226,7 @@ def _zero_when_no_rows(grads, x):
 
     Under a strategy (the mirrored engine) a replica whose share is empty
     runs its forward pass on one padded row of zeros
-    (`forward.padded_when_empty`), whose outputs and loss are cut away.
+    (`forward.padded_on_empty_share`), whose outputs and loss are cut away.
     A layer may still make NaN or inf of that row (a masked average over a
     row that is all padding divides 0 by 0), and the zero gradient of the
     cut outputs, back-propagated through it, becomes 0 * inf = NaN. Such a

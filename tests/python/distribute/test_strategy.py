@@ -61,6 +61,15 @@ def test_same_devices_give_the_same_strategy_and_others_a_new_key_range():
     assert min(bases) >= strategy_lib._KEY_BASE_START
 
 
+def test_a_reset_forgets_the_strategies_but_not_the_keys_handed_out():
+    first = multigpu.mirrored_strategy(2)
+    strategy_lib.STATE.reset()
+    again = multigpu.mirrored_strategy(2)
+    assert again is not first
+    assert again._collective_key_base > first._collective_key_base
+    assert multigpu.mirrored_strategy(2) is again
+
+
 def _fit_under(strategy, rng, rows=48):
     with strategy.scope():
         model = mlp()
@@ -109,7 +118,8 @@ def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
         print("ours", fit(multigpu.mirrored_strategy(4)))
         print("ours", fit(multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])))
     """)
-    result = subprocess.run([sys.executable, "-c", script, os.path.dirname(WORKERS)],
+    tests = os.path.dirname(os.path.dirname(WORKERS))  # holds `support`
+    result = subprocess.run([sys.executable, "-c", script, tests],
                             capture_output=True, text=True,
                             timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -249,7 +249,7 @@ def test_a_sampling_vae_trains_and_its_loss_decreases(rng, engine, seeded):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("layer", ["lstm", "gru"])
 def test_recurrent_dropout_trains(rng, engine, layer):
-    # The zero-row guard's tf.cond made the cells cache a dropout mask in
+    # A tf.cond on an empty share made the cells cache a dropout mask in
     # one branch and read it in the other ("... in true_fn is accessed
     # from false_fn") on the mirrored engine.
     inputs = keras.Input((5, 3), name="sequence")

@@ -279,7 +279,7 @@ def test_sequential_template_with_single_device_fallback(rng, monkeypatch):
     from multigpu import devices as devices_lib
     monkeypatch.setattr(devices_lib, "_logical_devices",
                         {"GPU": [], "CPU": ["/device:CPU:0"]}.__getitem__)
-    monkeypatch.setattr(devices_lib, "_warned", set())
+    devices_lib.STATE.reset()
     template = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
     with pytest.warns(UserWarning, match="Only one device"):
         parallel = multigpu.multi_gpu_model(template)
@@ -383,7 +383,7 @@ def test_sub_batches_of_zero_rows_train_like_the_template(rng, rows, batch_size)
 
 def test_direct_calls_survive_sub_batches_of_zero_rows(rng):
     # Outside Keras's steps (a custom loop, or the model used as a layer)
-    # every replica guards itself.
+    # every replica is ready for an empty share.
     template = pooled_cnn()
     parallel = multigpu.multi_gpu_model(template, gpus=4)
     x, y = images(rng, 2)

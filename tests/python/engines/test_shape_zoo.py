@@ -155,7 +155,7 @@ def _predictor(name, engine, devices):
 
 
 # Batch sizes are searched on these in CI (others: -m slow): each engine,
-# uneven splits, several inputs and outputs, zero-row guards of a CNN, and
+# uneven splits, several inputs and outputs, empty shares of a CNN, and
 # the keras.applications model, whose training case is too slow for CI.
 CI_PREDICTIONS = {("mlp", "replicate", 3), ("cnn", "replicate", 4),
                   ("siamese", "mirrored", 3), ("rnn_state", "replicate", 4),

@@ -180,7 +180,7 @@ def test_microbatches_equal_the_unpipelined_step(rng, rows):
     assert_same_weights(partitioned.template, reference)
     assert partitioned.optimizer.iterations.numpy() == 1  # one step a batch
     for m in range(3):
-        # Lowered control flow (the empty-micro-batch guard) copies its pivot
+        # Lowered control flow (the cond on an empty micro-batch) copies its pivot
         # constants to consumers' devices: routing, not stage work.
         assert {n.device for n in nodes if n.op not in PLUMBING_OPS
                 and f"/microbatch{m}/stage3/" in n.name

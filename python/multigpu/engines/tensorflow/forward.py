@@ -5,7 +5,7 @@ runs on a device with its backward pass there too (`on_device`); a model
 becomes such a function without losing the logits Keras's losses read, with
 the losses its layers add and the values they write as outputs
 (`flat_forward`, `held_effects`, `PassLayout`); it survives a share of zero
-rows without a `tf.cond` (`padded_when_empty`); and the replicas' losses
+rows without a `tf.cond` (`padded_on_empty_share`); and the replicas' losses
 combine into the whole batch's (`rows_weighted_loss`).
 """
 
@@ -18,8 +18,6 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu.messages import literal, setting
 from multigpu.step import stateless
-
-HOST_DEVICE = "/device:CPU:0"
 
 
 def split_bounds(batch_size, num_replicas):
@@ -59,7 +57,7 @@ def _differentiable_on(device, forward, flat_inputs):
     logits instead) are left out of the backward pass rather than
     differentiated as zeros.
 
-    In the guarded training step (a `stateless.StepScope`), the forward
+    In the NaN-guarded training step (a `stateless.StepScope`), the forward
     pass reads the trainable variables' values from the scope: those it
     read are inputs of the function too (`_differentiable_on_values`).
     """
@@ -135,11 +133,11 @@ def on_device(device, forward, flat_inputs):
     return _differentiable_on(device, forward, flat_inputs)
 
 
-def forward_only_when_empty(forward, inference_fn):
-    """Guards a function of a batch against batches of zero rows, by a cond.
+def inference_on_empty_share(forward, inference_fn):
+    """Runs a function of a batch on a share with no rows, by a `tf.cond`.
 
     For the pipeline's micro-batches (`multigpu.partition.pipeline`); the
-    data-parallel engines pad instead (`padded_when_empty`), which keeps
+    data-parallel engines pad instead (`padded_on_empty_share`), which keeps
     what the pass creates (losses, writes, cached dropout masks) out of a
     `tf.cond` branch.
 
@@ -163,7 +161,7 @@ def forward_only_when_empty(forward, inference_fn):
         # graph, as the other branch's.
         return [tf.stop_gradient(y[:rows]) for y in outputs]
 
-    def guarded(*inputs):
+    def run(*inputs):
         rows = tf.shape(inputs[0])[0]
         if inputs[0].shape[0] == 0:
             # Known to be empty (a replica's share of a batch with fewer
@@ -173,7 +171,7 @@ def forward_only_when_empty(forward, inference_fn):
             return on_no_rows(rows, *inputs)
         scope = stateless.current()
         if scope is not None:
-            # The guarded step: what the branches write leaves the cond as
+            # The NaN-guarded step: what the branches write leaves the cond as
             # outputs (see `stateless.StepScope.cond`).
             return scope.cond(rows > 0, lambda: forward(*inputs),
                               lambda: on_no_rows(rows, *inputs))
@@ -183,7 +181,7 @@ def forward_only_when_empty(forward, inference_fn):
             lambda: on_no_rows(rows, *inputs),
         )
 
-    return guarded
+    return run
 
 
 def one_row_of_zeros(tensor):
@@ -221,7 +219,7 @@ def flat_forward(model, inputs_struct, training, layout, pad=True,
         inputs_struct: The structure of its inputs.
         training: The `training` argument of the calls.
         layout: A `PassLayout`, filled in when the function is traced.
-        pad: Survive a share of zero rows (see `padded_when_empty`).
+        pad: Survive a share of zero rows (see `padded_on_empty_share`).
         hold_empty_writes: With `pad`, a share of zero rows writes nothing
             (its row of zeros would set BatchNormalization's moving
             statistics); False when the writes are the same on every
@@ -239,7 +237,7 @@ def flat_forward(model, inputs_struct, training, layout, pad=True,
 
     if not pad:
         return forward
-    return padded_when_empty(forward, layout, hold_empty_writes)
+    return padded_on_empty_share(forward, layout, hold_empty_writes)
 
 
 class PassLayout:
@@ -298,7 +296,7 @@ class PassLayout:
     def commit(self, new_values):
         """Writes the pass's new values to its variables.
 
-        In a stateless scope (the guarded step's) the writes are captured
+        In a stateless scope (the NaN-guarded step's) the writes are captured
         by that scope, as the layers' own writes would be.
         """
         for variable, value in zip(self.written, new_values):
@@ -325,7 +323,7 @@ class _Held:
 def held_effects():
     """Runs a block in a stateless scope that keeps its losses and writes.
 
-    Inside the guarded step's scope the block reads that scope's values
+    Inside the NaN-guarded step's scope the block reads that scope's values
     (and notes its reads there); elsewhere it reads the variables. After
     the block, the losses its layers added are in `held.losses` and no
     longer in any layer (`model.losses` would count them again), and the
@@ -378,7 +376,7 @@ def _check_no_variable_made(writes):
                 "is.")
 
 
-def padded_when_empty(forward, layout, hold_empty_writes=True):
+def padded_on_empty_share(forward, layout, hold_empty_writes=True):
     """Runs a `flat_forward` function on at least one row, with no `tf.cond`.
 
     Kernels fail on zero rows (oneDNN: MaxPoolGrad aborts the process, a
@@ -478,7 +476,7 @@ def _stored_values():
 
 
 # How many leading rows of the share being run are its own (the rest is
-# `padded_when_empty`'s row of zeros); None: every row.
+# `padded_on_empty_share`'s row of zeros); None: every row.
 valid_rows = contextvars.ContextVar("multigpu_valid_rows", default=None)
 
 

@@ -46,31 +46,15 @@ from multigpu.messages import literal, setting
 from multigpu.step import accumulation as accumulation_lib
 
 
-class _Ref:
-    """Holds an object out of sight of Keras's attribute tracking."""
-
-    def __init__(self, value):
-        self.value = value
-
-
 class _CopyBackEachEpoch(keras.callbacks.Callback):
     """Copies the trained weights to the template at every epoch end."""
 
     def __init__(self, parallel):
         super().__init__()
-        self._parallel = _Ref(parallel)
+        self._parallel = parallel
 
     def on_epoch_end(self, epoch, logs=None):
-        self._parallel.value.copy_to_template()
-
-
-def _first_local(strategy):
-    def first(value):
-        if isinstance(value, tf.distribute.DistributedValues):
-            return strategy.experimental_local_results(value)[0]
-        return value
-
-    return first
+        self._parallel.copy_to_template()
 
 
 def layer_running_r(model):
@@ -191,12 +175,12 @@ def _check_one_step_per_execution(steps):
         )
 
 
-def _named_like(graph, names):
-    """`graph`'s outputs, named `names` (the template's, made unique).
+def _outputs_renamed(graph, names):
+    """`graph`'s own outputs, renamed `names` (the template's, made unique).
 
     A shared sub-model's output used twice names two outputs alike; the
     repeat goes through an `Identity` layer with a unique name (see
-    `replicas.unique_names`), so loss and metric dicts can address it. So
+    `functional.unique_names`), so loss and metric dicts can address it. So
     does the output of a copied subclassed model, named after the copy.
     """
     flat = keras.tree.flatten(graph.output)
@@ -209,7 +193,7 @@ def _named_like(graph, names):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class MirroredModel(TemplateBacked, keras.Model):
+class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model):
     """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
 
     Made by `multi_gpu_model(model, engine="mirrored")`. Use it like the
@@ -259,15 +243,19 @@ class MirroredModel(TemplateBacked, keras.Model):
             graph = callable_graph(replica)
             names = output_names(callable_graph(template))
             super().__init__(inputs=graph.input,
-                             outputs=_named_like(graph, names), **kwargs)
-        self._template_ref = _Ref(template)
+                             outputs=_outputs_renamed(graph, names), **kwargs)
+        # The template is not one of this model's layers: its weights are
+        # a copy's.
+        internals.set_untracked(self, "_template", template)
         self._device_names = tuple(devices)
         self._sync_batchnorm = bool(sync_batchnorm)
+        # Open `_in_sync` blocks.
+        self._sync_depth = 0
 
     @property
     def template(self):
         """The model that holds the trained weights between calls."""
-        return self._template_ref.value
+        return self._template
 
     @property
     def devices(self):
@@ -340,8 +328,10 @@ class MirroredModel(TemplateBacked, keras.Model):
                     _metric_in_scope, arguments.get(key))
             arguments["jit_compile"] = False
             keras.Model.compile(self, **arguments)
-        self.__dict__["_accumulation"] = steps and accumulation_lib.Accumulation(
-            steps, self.trainable_variables, self.strategy)
+        # The accumulator's variables are not the model's weights.
+        internals.set_untracked(
+            self, "_accumulation", steps and accumulation_lib.Accumulation(
+                steps, self.trainable_variables, self.strategy))
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
@@ -392,14 +382,14 @@ class MirroredModel(TemplateBacked, keras.Model):
         Args:
             trains: Whether the call changes the weights.
         """
-        depth = self.__dict__.get("_sync_depth", 0)
+        depth = self._sync_depth
         if depth == 0:
             self.copy_from_template()
-        self.__dict__["_sync_depth"] = depth + 1
+        self._sync_depth = depth + 1
         try:
             yield
         finally:
-            self.__dict__["_sync_depth"] = depth
+            self._sync_depth = depth
             if depth == 0 and trains:
                 self.copy_to_template()
 
@@ -452,7 +442,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         logs = {k: float(v[-1]) for k, v in history.history.items()}
         if return_dict:
             return logs
-        return self._flatten_metrics_in_order(logs)
+        return internals.metrics_in_order(self, logs)
 
     def test_on_batch(self, *args, **kwargs):
         with self._in_sync(trains=False):
@@ -484,7 +474,7 @@ class MirroredModel(TemplateBacked, keras.Model):
         MaxPooling reports "input depth must be evenly divisible by filter
         depth") or, in training, give BatchNormalization NaN statistics.
         Such a replica runs the pass on one row of zeros, with no `tf.cond`
-        (`forward.padded_when_empty`): its outputs are cut back to zero
+        (`forward.padded_on_empty_share`): its outputs are cut back to zero
         rows, its layer-made loss weighs nothing and it writes no moving
         statistics. With `sync_batchnorm` in training, the pass has
         all-reduces that every replica must join (a `tf.cond` would refuse
@@ -511,7 +501,7 @@ class MirroredModel(TemplateBacked, keras.Model):
             # `Layer.add_loss`: a functional model's own raises
             # NotImplementedError (Keras 3.15 keeps it for symbolic losses).
             keras.layers.Layer.add_loss(self, loss)
-        return keras.tree.pack_sequence_as(self._outputs_struct, flat)
+        return keras.tree.pack_sequence_as(self.output, flat)
 
     # `compute_loss` weighs each replica's rows as one device does
     # (`fit_distributed` leaves it alone).
@@ -542,16 +532,3 @@ class MirroredModel(TemplateBacked, keras.Model):
         if not training:
             return loss
         return weighted_by_rows(loss, tf.shape(keras.tree.flatten(y_pred)[0])[0])
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras builds from the first batch averaged over replicas, which
-        # fails ("AddN ... must have the same size and shape") unless that
-        # batch splits evenly; the shapes of one replica's share suffice.
-        if iterator is not None:
-            for _, _, it in iterator:
-                batch = next(it)
-                break
-            data_batch = keras.tree.map_structure(
-                _first_local(self.strategy), batch
-            )
-        return super()._maybe_symbolic_build(data_batch=data_batch)

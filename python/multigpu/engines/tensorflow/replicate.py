@@ -12,10 +12,10 @@ import keras
 import tensorflow as tf
 
 from multigpu.arguments import check_int
-from multigpu.engines.functional import callable_graph, layer_name, named_like
+from multigpu.devices import HOST_DEVICE
+from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
 from multigpu.engines.template import TemplateBacked, TemplateLayer, built_like
 from multigpu.engines.tensorflow.forward import (
-    HOST_DEVICE,
     PassLayout,
     concat_with_logits,
     flat_forward,
@@ -55,44 +55,45 @@ class DataParallelReplicas(TemplateLayer):
         self._walk = (GlobalBatchWalk(template, merge_device)
                       if self.sync_batchnorm else None)
         self._output_struct = callable_graph(template).output
-        # (devices, guard) used by the next traced call; see `planned`.
+        # (devices, may_be_empty) used by the next traced call; see `planned`.
         self._plan = None
 
     @contextlib.contextmanager
-    def planned(self, devices, guard):
-        """Traces calls in this block with `devices` and, if `guard`, guarded.
+    def planned(self, devices, may_be_empty):
+        """Traces calls in this block with `devices`, ready for empty shares if asked.
 
         A caller that knows a batch has at least one row per device
-        (`ParallelModel`'s steps decide once per step) can drop the
-        per-replica zero-row guard (a padding op per input and a selection
-        per written variable, `padded_when_empty`); it can also send a
-        batch to one device.
+        (`ParallelModel`'s steps decide once per step) can leave out each
+        replica's handling of an empty share (a padding op per input and a
+        selection per written variable, `padded_on_empty_share`); it can
+        also send a batch to one device.
 
         Args:
             devices: The devices of the replicas, a non-empty sublist of
                 `self.devices`.
-            guard: Whether each replica survives a sub-batch of zero rows
-                (see `forward.padded_when_empty`).
+            may_be_empty: Whether a replica's share may have no rows, so
+                that each replica runs on one row of zeros then (see
+                `forward.padded_on_empty_share`).
         """
-        previous, self._plan = self._plan, (list(devices), guard)
+        previous, self._plan = self._plan, (list(devices), may_be_empty)
         try:
             yield
         finally:
             self._plan = previous
 
     def call(self, inputs, training=None):
-        devices, guard = self._plan or (self.devices, True)
+        devices, may_be_empty = self._plan or (self.devices, True)
         if self._walk is not None and training and len(devices) > 1:
-            merged, loss = self._walked(inputs, devices, guard, training)
+            merged, loss = self._walked(inputs, devices, may_be_empty, training)
         else:
-            merged, loss = self._forward(inputs, devices, guard, training)
+            merged, loss = self._forward(inputs, devices, may_be_empty, training)
         if loss is not None:
             # The layer-made losses of the whole batch (see
             # `rows_weighted_loss`), which the layers no longer hold.
             self.add_loss(loss)
         return keras.tree.pack_sequence_as(self._output_struct, merged)
 
-    def _forward(self, inputs, devices, guard, training):
+    def _forward(self, inputs, devices, may_be_empty, training):
         """One call of the template per device, outputs concatenated.
 
         Returns:
@@ -103,7 +104,7 @@ class DataParallelReplicas(TemplateLayer):
         flat_inputs = keras.tree.flatten(inputs)
         layout = PassLayout()
         forward = flat_forward(self.template, inputs, training, layout,
-                               pad=guard)
+                               pad=may_be_empty)
         if len(devices) == 1:
             # One device: nothing to slice or concatenate.
             merged, loss, new_values = layout.split(
@@ -112,11 +113,11 @@ class DataParallelReplicas(TemplateLayer):
             return merged, loss
         return self._replicated(forward, layout, devices, flat_inputs)
 
-    def _walked(self, inputs, devices, guard, training):
+    def _walked(self, inputs, devices, may_be_empty, training):
         """The template walked across replicas, BatchNormalization pooled.
 
         A batch with fewer rows than devices, possible only when no step
-        planned the call (`guard`: the layer called on its own), runs on
+        planned the call (`may_be_empty`: the layer called on its own), runs on
         the first device alone as the template would, so the walk gives
         every replica at least one row. The `tf.cond` of that choice drops
         the logits Keras attaches to softmax outputs; the steps of
@@ -138,7 +139,7 @@ class DataParallelReplicas(TemplateLayer):
                           for i in range(len(devices))]
             return self._walk(devices, shares, training)
 
-        if not guard:
+        if not may_be_empty:
             return walk()
         rows = tf.shape(flat_inputs[0])[0]
         has_loss = []
@@ -222,7 +223,7 @@ class ParallelModel(TemplateBacked, keras.Model):
             inputs = keras.tree.map_structure(_input_like, graph.input)
             replicas = DataParallelReplicas(template, devices, merge_device,
                                             sync_batchnorm, name="replicas")
-            outputs = named_like(graph, replicas(inputs))
+            outputs = outputs_named_after(graph, replicas(inputs))
             kwargs.setdefault("name", f"{template.name}_parallel")
             super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
@@ -263,11 +264,12 @@ class ParallelModel(TemplateBacked, keras.Model):
         """Runs a Keras step with one decision on how to split its batch.
 
         A batch with at least one row per device is split between all
-        replicas, with no per-replica guard. A smaller batch (at most the
-        last one of an epoch, or a batch size below the device count) runs
-        on the first device as one sub-batch, exactly as the template would,
-        guarded against zero rows. Both are traced into one `tf.cond`, which
-        runs only the branch it takes, so a full batch pays for no guard.
+        replicas, which need no handling of an empty share. A smaller batch
+        (at most the last one of an epoch, or a batch size below the device
+        count) runs on the first device as one sub-batch, exactly as the
+        template would, ready for a share of no rows. Both are traced into
+        one `tf.cond`, which runs only the branch it takes, so a full batch
+        pays for no empty-share handling.
         The cond holds the whole step (forward pass, loss, update), so
         what the forward pass creates never has to leave it.
         """
@@ -275,9 +277,9 @@ class ParallelModel(TemplateBacked, keras.Model):
         devices = layer.devices
         rows = tf.shape(keras.tree.flatten(data)[0])[0]
 
-        def run(step_devices, guard):
+        def run(step_devices, may_be_empty):
             # The step's custom gradients belong to this trace's graph.
-            with layer.planned(step_devices, guard), (
+            with layer.planned(step_devices, may_be_empty), (
                     gradients_lib.gradients_owned_by_ops()):
                 return step(data)
 
@@ -286,12 +288,12 @@ class ParallelModel(TemplateBacked, keras.Model):
             # Every batch of this trace has `known` rows: trace only the
             # branch it takes (the other, on shares of zero rows, could
             # never run).
-            return (run(devices, guard=False) if known >= len(devices)
-                    else run(devices[:1], guard=True))
+            return (run(devices, may_be_empty=False) if known >= len(devices)
+                    else run(devices[:1], may_be_empty=True))
         return tf.cond(
             rows >= len(devices),
-            lambda: run(devices, guard=False),
-            lambda: run(devices[:1], guard=True),
+            lambda: run(devices, may_be_empty=False),
+            lambda: run(devices[:1], may_be_empty=True),
         )
 
     def batch_split(self, batch_size):

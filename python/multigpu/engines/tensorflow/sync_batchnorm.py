@@ -16,7 +16,7 @@ rows.
   strategy: the copy's BatchNormalization layers add their sums with one
   all-reduce each (`synchronize`). A replica whose share is empty still
   runs the forward pass (on one row of zeros that the statistics leave
-  out, `forward.padded_when_empty`), so it joins every all-reduce; a `tf.cond`
+  out, `forward.padded_on_empty_share`), so it joins every all-reduce; a `tf.cond`
   around it would refuse them.
 - The replicate engine runs the template once per device, so no layer
   sees another replica's rows. `GlobalBatchWalk` runs the template's graph
