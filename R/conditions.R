@@ -53,8 +53,9 @@ multigpu_abort <- function(message, class = "multigpu_value_error",
 }
 
 #' A multigpu error condition: `class`, then `multigpu_error`; the fields in
-#' `...` (e.g. `python_type`) are carried along. A base R condition, as the
-#' core's errors are: rlang's `abort()` would add the class `rlang_error`.
+#' `...` (e.g. `python_type`) are carried along. A base R condition
+#' (rlang's `abort()` would add the class `rlang_error`), so that errors
+#' raised in R and those relayed from the core have the same classes.
 #' @noRd
 multigpu_condition <- function(message, class, call = NULL, ...) {
   structure(
