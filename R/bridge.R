@@ -1,14 +1,14 @@
 # The bridge to Python: every call into the core goes through `core()` (which
-# checks the Python once), `call_core()` or `call_method()`, and
-# `with_python()`, which turns Python exceptions into the classed R
-# conditions of conditions.R and Python warnings into R warnings.
+# checks the Python once), `call_core()` and `with_python()`, which turns
+# Python exceptions into the classed R conditions of conditions.R and Python
+# warnings into R warnings.
 
 #' The multigpu Python module, after checking that it can work.
 #'
 #' The first call checks the Python (see ?multigpu_config) and imports the
 #' module; a problem becomes a `multigpu_unavailable_error`.
 #' @noRd
-core <- function(call = caller_call()) {
+core <- function(call = caller_env()) {
   if (!isTRUE(.globals$ready)) {
     problem <- python_problem()
     if (!is.null(problem)) {
@@ -89,7 +89,7 @@ explain_python_error <- function(exception) {
 #' renders a document, what Python prints (Keras progress lines) is captured
 #' and printed from R, so it lands in the document.
 #' @noRd
-with_python <- function(expr, call = caller_call()) {
+with_python <- function(expr, call = caller_env()) {
   warnings <- reticulate::import("warnings", convert = FALSE)
   catcher <- warnings$catch_warnings(record = TRUE)
   caught <- catcher$`__enter__`()
@@ -147,7 +147,7 @@ signal_python_warning <- function(warning, call) {
   category <- reticulate::py_to_r(warning$category$`__name__`)
   warning(structure(
     class = c("multigpu_warning", "warning", "condition"),
-    list(message = message, call = call, python_type = category)
+    list(message = message, call = error_call(call), python_type = category)
   ))
 }
 
@@ -156,21 +156,10 @@ signal_python_warning <- function(warning, call) {
 #' Arguments are already coerced by the caller; `NULL` arguments named in
 #' `.optional` are left out so that Python uses its own default.
 #' @noRd
-call_core <- function(fn, ..., .optional = character(), call = caller_call()) {
+call_core <- function(fn, ..., .optional = character(), call = caller_env()) {
   args <- check_no_na(list(...), fn, call = call)
   module <- core(call = call)
   with_python(do.call(module[[fn]], without_null(args, .optional)),
-              call = call)
-}
-
-#' Call a method of a Python object (a Keras model), as `call_core()` calls
-#' a function of the core.
-#' @noRd
-call_method <- function(object, method, args, optional = character(),
-                        call = caller_call()) {
-  check_model(object, "object", call = call)
-  args <- check_no_na(args, method, call = call)
-  with_python(do.call(object[[method]], without_null(args, optional)),
               call = call)
 }
 

@@ -5,8 +5,8 @@
 #'
 #' | class | raised when |
 #' | --- | --- |
-#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers, a number in quotes, an `NA` that Python would read as `TRUE`) or by the Python core (a Python `ValueError`) |
-#' | `multigpu_type_error` | an object of the wrong type: R data Keras cannot train on (a factor as inputs, strings as `y`, a data frame with factor or character columns), callbacks that are none, or a Python `TypeError`, e.g. `multi_gpu_model()` of something that is not a Keras model |
+#' | `multigpu_value_error` | an argument has an invalid value: rejected in R (`NA`, `NaN`, negative or non-whole numbers such as `batch_size = 2.5`, a number in quotes, an `NA` that Python would read as `TRUE`) or by the Python core (a Python `ValueError`) |
+#' | `multigpu_type_error` | an object of the wrong type: R data Keras cannot train on (a factor as inputs, strings as `y`, a data frame with factor or character columns, or any data frame given to `fit()`, `evaluate()` or `predict()`), callbacks that are none, or a Python `TypeError`, e.g. `multi_gpu_model()` of something that is not a Keras model |
 #' | `multigpu_runtime_error` | a Python `RuntimeError`, e.g. `virtual_devices()` called after TensorFlow started |
 #' | `multigpu_os_error` | a Python `OSError` (a missing file, a permission problem), or a file that `overwrite = FALSE` keeps |
 #' | `multigpu_python_error` | any error raised in Python; also carried by the four above when they come from Python |
@@ -43,20 +43,37 @@
 NULL
 
 #' Signal a classed multigpu error.
+#'
+#' `call` is the call the error names: a call, or the frame of the function
+#' that was called, as [rlang::caller_env()] gives it (see [error_call()]).
 #' @noRd
 multigpu_abort <- function(message, class = "multigpu_value_error",
-                           call = caller_call(), ...) {
+                           call = caller_env(), ...) {
   stop(multigpu_condition(message, class, call = call, ...))
 }
 
 #' A multigpu error condition: `class`, then `multigpu_error`; the fields in
-#' `...` (e.g. `python_type`) are carried along.
+#' `...` (e.g. `python_type`) are carried along. A base R condition
+#' (rlang's `abort()` would add the class `rlang_error`), so that errors
+#' raised in R and those relayed from the core have the same classes.
 #' @noRd
 multigpu_condition <- function(message, class, call = NULL, ...) {
   structure(
     class = c(class, "multigpu_error", "error", "condition"),
-    list(message = message, call = call, ...)
+    list(message = message, call = error_call(call), ...)
   )
+}
+
+#' The call a condition names: `call` itself, or the call of the frame
+#' `call`, an S3 method's as its generic's (`fit(model, x)`, as the user
+#' wrote it, not `fit.multigpu.engines.template.TemplateBacked(...)`).
+#' @noRd
+error_call <- function(call) {
+  if (!is.environment(call)) return(call)
+  generic <- rlang::env_get(call, ".Generic", default = NULL)
+  call <- rlang::frame_call(call)
+  if (is.character(generic) && is.call(call)) call[[1L]] <- as.name(generic)
+  call
 }
 
 # Python exception classes (as reticulate names them) and the R condition

@@ -87,7 +87,8 @@ as_structure <- function(x) {
 #' prefix (`~` expanded). The core judges the value (typos of "memory",
 #' directories, other types).
 #' @noRd
-as_cache <- function(cache, arg = "cache", call = caller_call()) {
+as_cache <- function(cache, arg = caller_arg(cache), call = caller_env()) {
+  force(arg)
   if (is.logical(cache)) return(as_flag(cache, arg, call = call))
   if (is.factor(cache)) cache <- as.character(cache)
   if (is.character(cache) && length(cache) == 1L) {

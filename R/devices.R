@@ -72,7 +72,7 @@ available_devices <- function() {
 #' when R collects it; the core restarts a started TensorFlow only when no
 #' tensor is left.
 #' @noRd
-start_core_for_configuration <- function(call = caller_call()) {
+start_core_for_configuration <- function(call = caller_env()) {
   core(call = call)
   gc(verbose = FALSE)
   invisible()

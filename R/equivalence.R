@@ -90,7 +90,7 @@ check_equivalence <- function(model, x, y, gpus = NULL,
                       steps = as_count(steps, null_ok = FALSE),
                       batch_size = as_count(batch_size),
                       tolerance = tolerance,
-                      sync_batchnorm = as_true_or_false(sync_batchnorm))
+                      sync_batchnorm = as_flag(sync_batchnorm))
   differences <- report$differences
   structure(
     list(equal = report$equal,

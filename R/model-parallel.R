@@ -83,7 +83,8 @@ model_parallel <- function(model, devices = NULL, split = NULL,
 #' (1-based) become Python indices, a list becomes one list of layers per
 #' stage.
 #' @noRd
-as_split <- function(x, arg = "split", call = caller_call()) {
+as_split <- function(x, arg = caller_arg(x), call = caller_env()) {
+  force(arg)
   if (is.null(x) || inherits(x, "python.builtin.object")) return(x)
   if (is.factor(x)) x <- as.character(x)
   if (is.list(x)) {

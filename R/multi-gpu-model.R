@@ -151,7 +151,7 @@ multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
             cpu_merge = as_flag(cpu_merge),
             cpu_relocation = as_flag(cpu_relocation),
             engine = as_string(engine),
-            sync_batchnorm = as_true_or_false(
+            sync_batchnorm = as_flag(
               sync_batchnorm,
               meaning = paste(
                 "TRUE takes BatchNormalization statistics over the whole",

@@ -43,6 +43,9 @@ tensorflow::evaluate
 #' @importFrom stats predict
 NULL
 
+#' @importFrom rlang %||% caller_arg caller_env
+NULL
+
 .globals <- new.env(parent = emptyenv())
 
 .onLoad <- function(libname, pkgname) {

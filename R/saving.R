@@ -86,7 +86,7 @@ load_model_weights_hdf5 <- function(object, filepath, skip_mismatch = FALSE) {
 #' `overwrite`, for an existing file (Keras would prompt on the console).
 #' @noRd
 as_hdf5_path <- function(filepath, extensions, overwrite,
-                         arg = "filepath", call = caller_call()) {
+                         arg = "filepath", call = caller_env()) {
   filepath <- as_path(filepath, arg, call = call)
   overwrite <- as_flag(overwrite, "overwrite", call = call)
   if (!any(endsWith(tolower(filepath), extensions))) {

@@ -146,52 +146,6 @@ test_that("as_verbose() maps R values to Keras verbosity", {
   expect_value_error(as_verbose(1.5, "verbose"), "`verbose` is not a whole number")
 })
 
-test_that("as_py_list() makes one metric name a list", {
-  expect_identical(as_py_list("accuracy"), list("accuracy"))
-  expect_identical(as_py_list(c("mae", "mse")), list("mae", "mse"))
-  expect_identical(as_py_list(list(out = "mae")), list(out = "mae"))
-  expect_null(as_py_list(NULL))
-})
-
-test_that("as_model_data() turns factors of targets into 0-based class codes", {
-  codes <- as_model_data(factor(c("b", "a", "c", "a")), arg = "y")
-  expect_identical(codes, array(c(1L, 0L, 2L, 0L), dim = 4L))
-  expect_identical(as_model_data(1:3), array(1:3, dim = 3L))
-  expect_identical(as_model_data(c(TRUE, FALSE)), array(c(TRUE, FALSE), dim = 2L))
-  expect_identical(as_model_data(matrix(1:4, 2)), matrix(1:4, 2))
-  expect_identical(as_model_data(c("a", "b")), c("a", "b"))
-  expect_null(as_model_data(NULL))
-  expect_identical(as_model_data(list(NULL, 1:2)), list(NULL, array(1:2, dim = 2L)))
-})
-
-test_that("as_model_data() refuses what Keras cannot train on, naming the R argument and the fix", {
-  expect_type_error <- function(expr, pattern) {
-    expect_error(expr, pattern, class = "multigpu_type_error")
-  }
-  x <- data.frame(colour = c("red", "blue"), size = 1:2)
-  expect_type_error(as_model_data(x),
-                    "^`x` is a data frame with character column\\(s\\) \"colour\" beside numbers, which as.matrix\\(\\) turns into strings Keras cannot train on\\. Convert them to numbers first, e.g\\. x\\$colour <- as.integer\\(factor\\(x\\$colour\\)\\) - 1L")
-  data <- data.frame(size = 1:2, kind = factor(c("a", "b")))
-  expect_type_error(as_model_data(data), "`data` is a data frame with factor column\\(s\\) \"kind\".*data\\$kind <- as.integer\\(data\\$kind\\) - 1L")
-  x <- factor(c("a", "b"))
-  expect_type_error(as_model_data(x), "^`x` is a factor \\(c\\(\"a\", \"b\"\\)\\): factors are class labels, for `y`")
-  y <- c("cat", "dog")
-  # Not `x`: the argument that holds the strings.
-  expect_type_error(as_model_data(y), "^`y` holds strings \\(c\\(\"cat\", \"dog\"\\)\\): Keras trains on numbers\\. For class labels pass a factor, y = factor\\(y\\)")
-  expect_type_error(as_model_data(list(out = c("a", "b")), arg = "y"), "^`y\\$out` holds strings")
-  sample_weight <- c("1", "2")
-  expect_type_error(as_model_data(sample_weight), "as.numeric\\(sample_weight\\)")
-  expect_type_error(as_validation_data(list(matrix(0, 2, 2), c("a", "b")), "float32"),
-                    "^`validation_data\\[\\[2\\]\\]` holds strings")
-  # What Keras takes: numbers, a targets data frame of one factor column,
-  # strings as inputs (a model with a string input).
-  expect_identical(as_model_data(data.frame(a = 1:2, b = c(TRUE, FALSE))),
-                   matrix(c(1L, 2L, 1L, 0L), 2, dimnames = list(NULL, c("a", "b"))))
-  expect_identical(as_model_data(data.frame(s = factor(c("b", "a"))), arg = "y"),
-                   array(c(1L, 0L), dim = 2L))
-  expect_identical(as_model_data(c("a", "b"), arg = "x"), c("a", "b"))
-})
-
 test_that("check_no_na() refuses an NA that Python would read as a value", {
   expect_value_error(check_no_na(list(device_type = NA), "virtual_devices"),
                      "^`device_type` must not be NA: received NA, which Python would read as TRUE\\. See \\?virtual_devices")
@@ -209,14 +163,6 @@ test_that("as_callbacks() refuses R values that are no callback, naming them", {
                "^`callbacks` must be a Keras callback or a list of them, such as checkpoint_callbacks\\(dir\\) or keras\\$callbacks\\$EarlyStopping\\(\\); 1 is not one\\.$",
                class = "multigpu_type_error")
   expect_error(as_callbacks(list(mean)), "entry 1, a function, is not one", class = "multigpu_type_error")
-})
-
-test_that("as_class_weight() refuses NA, infinite and negative weights", {
-  for (weights in list(c("0" = NA, "1" = 2), c("0" = 1, "1" = -1), c("0" = Inf, "1" = 1),
-                       list("0" = "a", "1" = 1))) {
-    expect_value_error(as_class_weight(weights),
-                       "^`class_weight` must give every class a finite weight >= 0 \\(an NA weight would make the loss NaN\\)")
-  }
 })
 
 test_that("as_custom_objects() wants a named list", {

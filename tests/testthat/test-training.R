@@ -18,6 +18,65 @@ test_that("keras3's compile() and fit() train a parallel model, through the brid
                class = "multigpu_python_error")
 })
 
+test_that("fit() refuses in R what R alone sees, naming the argument, the value and the fix", {
+  skip_if_no_multigpu()
+  parallel <- compiled_parallel()
+  before <- parallel$get_weights()
+  expect_fit_error <- function(..., message, class = "multigpu_value_error") {
+    error <- tryCatch(fit(parallel, ..., verbose = 0), error = identity)
+    expect_s3_class(error, c(class, "multigpu_error"))
+    expect_false(inherits(error, "multigpu_python_error"))
+    expect_match(conditionMessage(error), message, fixed = TRUE)
+  }
+  # reticulate would send NA as TRUE; keras3's as.integer() would train
+  # with 2 rows for 2.5 and pass NA on.
+  expect_fit_error(iris_x(), iris_y(), batch_size = NA,
+                   message = "`batch_size` contains NA or NaN: received NA. Use a whole number >= 1, such as batch_size = 2.")
+  expect_fit_error(iris_x(), iris_y(), epochs = NA, message = "`epochs` contains NA or NaN: received NA.")
+  expect_fit_error(iris_x(), iris_y(), batch_size = 2.5,
+                   message = "`batch_size` is not a whole number: received 2.5. Use a whole number >= 1, such as batch_size = 2.")
+  expect_fit_error(iris_x(), iris_y(), validation_batch_size = 1.5,
+                   message = "`validation_batch_size` is not a whole number: received 1.5.")
+  expect_fit_error(iris_x(), iris_y(), shuffle = NA, message = "`shuffle` must be TRUE or FALSE, not NA.")
+  expect_fit_error(iris_x(), iris_y(), validation_split = NA,
+                   message = "`validation_split` must not be NA: received NA, which Python would read as TRUE. See ?fit")
+  # A factor's codes would be one feature; a data frame would reach Keras
+  # as one input per column.
+  expect_fit_error(iris_y(), iris_y(), class = "multigpu_type_error",
+                   message = "`x` is a factor (c(\"setosa\", ")
+  expect_fit_error(iris_y(), iris_y(), class = "multigpu_type_error",
+                   message = "As an input, pass its 0-based class codes as a one-column matrix, matrix(as.integer(x) - 1L), or one-hot columns from model.matrix().")
+  expect_fit_error(iris[1:4], iris_y(), class = "multigpu_type_error",
+                   message = "`x` is a data frame (150 x 4), which keras3 would send to Keras as one input per column. Pass a matrix: as.matrix(x), or data.matrix(x) to turn factor columns into numbers.")
+  expect_fit_error(iris_x(), iris[5], class = "multigpu_type_error",
+                   message = "`y` is a data frame (150 x 1), which keras3 would send to Keras as one target per column. Pass a vector or matrix: y[[1]]")
+  expect_fit_error(iris_x(), iris_y(), validation_data = list(iris[1:4], iris_y()),
+                   class = "multigpu_type_error", message = "`validation_data[[1]]` is a data frame (150 x 4)")
+  expect_fit_error(iris_x(), iris_y(), validation_data = list(iris_x(), as.character(iris_y())),
+                   class = "multigpu_type_error", message = "`validation_data[[2]]` holds strings")
+  # The error names the call as written, and nothing trained.
+  error <- tryCatch(parallel |> fit(iris[1:4], iris_y()), error = identity)
+  expect_identical(conditionCall(error), quote(fit(parallel, iris[1:4], iris_y())))
+  expect_identical(parallel$get_weights(), before)
+})
+
+test_that("evaluate(), predict() and compile() refuse the same in R", {
+  skip_if_no_multigpu()
+  parallel <- compiled_parallel()
+  expect_error(evaluate(parallel, iris[1:4], iris_y(), verbose = 0),
+               "`x` is a data frame (150 x 4)", fixed = TRUE, class = "multigpu_type_error")
+  expect_error(evaluate(parallel, iris_x(), iris_y(), batch_size = NA, verbose = 0),
+               "`batch_size` contains NA or NaN: received NA.", fixed = TRUE, class = "multigpu_value_error")
+  expect_error(predict(parallel, iris_y(), verbose = 0),
+               "`x` is a factor", fixed = TRUE, class = "multigpu_type_error")
+  expect_error(predict(parallel, iris_x(), steps = 2.5, verbose = 0),
+               "`steps` is not a whole number: received 2.5.", fixed = TRUE, class = "multigpu_value_error")
+  expect_error(parallel |> compile(loss = NA),
+               "`loss` must not be NA: received NA, which Python would read as TRUE. See ?compile",
+               fixed = TRUE, class = "multigpu_value_error")
+  expect_identical(dim(predict(parallel, iris_x(1:4), verbose = 0)), c(4L, 3L))
+})
+
 test_that("the training methods are registered for multigpu's own models only", {
   for (generic in c("compile", "fit", "evaluate", "predict")) {
     expect_type(utils::getS3method(generic, "multigpu.engines.template.TemplateBacked"), "closure")
