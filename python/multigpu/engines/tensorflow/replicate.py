@@ -12,8 +12,8 @@ import keras
 import tensorflow as tf
 
 from multigpu.arguments import check_int
-from multigpu.engines.functional import callable_graph, layer_name, named_like
-from multigpu.engines.template import TemplateBacked, TemplateLayer, built_like
+from multigpu.engines.functional import callable_graph, layer_name
+from multigpu.engines.template import TemplateLayer, TemplateWrapper
 from multigpu.engines.tensorflow.forward import (
     HOST_DEVICE,
     PassLayout,
@@ -198,11 +198,12 @@ def _input_like(tensor):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ParallelModel(TemplateBacked, keras.Model):
+class ParallelModel(TemplateWrapper):
     """A Keras model that runs one replica of `template` per device.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
-    `predict`, or call it as a layer. Its weights are the template's.
+    `predict`, or call it as a layer. Its weights are the template's; its
+    `template` and `devices` are those of its `DataParallelReplicas` layer.
 
     Saving: `save`, `save_weights` and `load_weights` (and so
     `keras.callbacks.ModelCheckpoint` and `BackupAndRestore` attached to this
@@ -214,41 +215,30 @@ class ParallelModel(TemplateBacked, keras.Model):
     engine = "replicate"
     engine_reason = "built as a ParallelModel"
     config_keys = ("devices", "merge_device", "sync_batchnorm")
+    name_suffix = "parallel"
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE,
                  sync_batchnorm=False, **kwargs):
-        with built_like(template):
-            graph = callable_graph(template)
-            inputs = keras.tree.map_structure(_input_like, graph.input)
-            replicas = DataParallelReplicas(template, devices, merge_device,
-                                            sync_batchnorm, name="replicas")
-            outputs = named_like(graph, replicas(inputs))
-            kwargs.setdefault("name", f"{template.name}_parallel")
-            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        super().__init__(
+            template, callable_graph, _input_like,
+            lambda: DataParallelReplicas(template, devices, merge_device,
+                                         sync_batchnorm, name="replicas"),
+            **kwargs)
 
     @property
     def replicas_layer(self):
-        return next(layer for layer in self.layers if isinstance(layer, DataParallelReplicas))
-
-    @property
-    def template(self):
-        """The model whose weights every replica shares."""
-        return self.replicas_layer.template
-
-    @property
-    def devices(self):
-        """Canonical names of the devices that hold one replica each."""
-        return list(self.replicas_layer.devices)
+        """The `DataParallelReplicas` layer that runs the replicas."""
+        return self.template_layer
 
     @property
     def merge_device(self):
         """Device that slices batches and concatenates outputs."""
-        return self.replicas_layer.merge_device
+        return self.template_layer.merge_device
 
     @property
     def sync_batchnorm(self):
         """Whether BatchNormalization pools its statistics over all rows."""
-        return self.replicas_layer.sync_batchnorm
+        return self.template_layer.sync_batchnorm
 
     def train_step(self, data):
         return self._split_once(super().train_step, data)
@@ -271,7 +261,7 @@ class ParallelModel(TemplateBacked, keras.Model):
         The cond holds the whole step (forward pass, loss, update), so
         what the forward pass creates never has to leave it.
         """
-        layer = self.replicas_layer
+        layer = self.template_layer
         devices = layer.devices
         rows = tf.shape(keras.tree.flatten(data)[0])[0]
 
