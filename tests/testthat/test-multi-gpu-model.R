@@ -174,11 +174,11 @@ test_that("engine = \"auto\" warns once, in R's spelling, when cpu_merge = FALSE
   # checked by letting the core read the 4 logical devices as 4 GPUs, where
   # it predicts the mirrored engine.
   reticulate::py_run_string(paste(
-    "import multigpu.insight.scaling as _scaling",
-    "_choose = _scaling.choose_engine",
-    "_scaling.choose_engine = lambda devices: _choose(",
+    "import multigpu.engines.choice as _choice",
+    "_choose = _choice.choose_engine",
+    "_choice.choose_engine = lambda devices: _choose(",
     "    ['/device:GPU:%d' % i for i in range(len(devices))])", sep = "\n"))
-  on.exit(reticulate::py_run_string("_scaling.choose_engine = _choose"), add = TRUE)
+  on.exit(reticulate::py_run_string("_choice.choose_engine = _choose"), add = TRUE)
   warnings <- list()
   parallel <- withCallingHandlers(
     multi_gpu_model(tiny_model(), gpus = 4, cpu_merge = FALSE),
