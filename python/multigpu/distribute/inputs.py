@@ -14,7 +14,9 @@ means 32.
 refuses one kind of input with a `ValueError` that names the argument, the
 value and the fix; inputs Keras refuses clearly itself are left to Keras,
 and plain Keras models are not touched. `check_rows` also serves
-`placement_report`, `check_batched` `fit_distributed`.
+`placement_report`, `check_batched` `fit_distributed`. `bound_arguments`
+names the arguments of a call of a `keras.Model` method, for the checks
+here and for the engines that rewrite `fit`'s or `compile`'s arguments.
 """
 
 import inspect
@@ -52,20 +54,52 @@ _CHECK_DATA = "Check how the data was read, filtered or split."
 _SHOWN = 5
 
 
+def bound_arguments(method, model, args=(), kwargs=None, defaults=False):
+    """The arguments of `keras.Model.<method>(model, *args, **kwargs)` by name.
+
+    Keras's signature of the method binds them: positional arguments get
+    their parameter's name, and the method's `**kwargs` are merged in.
+
+    Args:
+        method: The name of a `keras.Model` method: `"fit"`, `"compile"`,
+            `"evaluate"`, ...
+        model: The model the method is called on (bound as `self`, which
+            the result leaves out).
+        args: The positional arguments of the call.
+        kwargs: Its keyword arguments.
+        defaults: Also give the parameters the call leaves out, with their
+            defaults.
+
+    Returns:
+        A new dict of argument names to values.
+
+    Raises:
+        TypeError: if the arguments do not fit Keras's signature (callers
+            that leave the call to Keras report nothing themselves).
+
+    Example:
+    >>> bound_arguments("fit", model, (x, y, 32))["batch_size"]
+    32
+    """
+    bound = inspect.signature(getattr(keras.Model, method)).bind(
+        model, *args, **(kwargs or {}))
+    if defaults:
+        bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    arguments.pop("self")
+    arguments.update(arguments.pop("kwargs", None) or {})
+    return arguments
+
+
 def _bound(method, model, args, kwargs):
     """The arguments of `model.<method>(*args, **kwargs)` by name, or None.
 
     None when they do not fit Keras's signature: Keras reports that itself.
     """
     try:
-        bound = inspect.signature(getattr(keras.Model, method)).bind(
-            model, *args, **kwargs)
+        return bound_arguments(method, model, args, kwargs, defaults=True)
     except TypeError:
         return None
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    arguments.update(arguments.pop("kwargs", None) or {})
-    return arguments
 
 
 def _shape(leaf):

@@ -3,21 +3,41 @@
 The byte counts of a step decide (docs/benchmarks.md, "Where the bytes go"):
 the replicate engine's first device moves `n - 1` copies of the weights and
 gradients, the mirrored engine's ring all-reduce `2 (n - 1) / n` copies per
-device. An argument or a model one engine cannot take overrides the
-prediction, and the choice says so (`EngineChoice.fallback`).
+device (`choose_engine`). An argument or a model one engine cannot take
+overrides the prediction, and the choice says so (`EngineChoice.fallback`,
+`EngineChoice.warning`). `decide_engine` makes the whole decision for
+`multi_gpu_model`, which only builds what it says.
 """
 
 import collections
 
-from multigpu import messages
+from multigpu.messages import setting
 
-EngineChoice = collections.namedtuple(
-    "EngineChoice", ["engine", "reason", "fallback"], defaults=[None])
-EngineChoice.__doc__ = """The engine `multi_gpu_model` runs, and why.
 
-`fallback` is None, or why the predicted winner could not be used (an
-argument or a model it cannot take); `engine` is then the one used instead.
-"""
+class EngineChoice(collections.namedtuple(
+        "EngineChoice", ["engine", "reason", "fallback", "warning"],
+        defaults=[None, None])):
+    """The engine `multi_gpu_model` runs, and why.
+
+    Attributes:
+        engine: `"replicate"` or `"mirrored"`.
+        reason: Why that engine: requested, predicted (`choose_engine`), or
+            the only one that can do what was asked.
+        fallback: None, or why the predicted winner could not be used (an
+            argument or a model it cannot take); `engine` is then the one
+            used instead.
+        warning: None, or the warning `multi_gpu_model` gives: `"auto"`
+            runs another engine than its prediction.
+    """
+
+    __slots__ = ()
+
+    @property
+    def engine_reason(self):
+        """The `engine_reason` of the model built: the reason, and the fallback's."""
+        if self.fallback:
+            return f"{self.reason}; fell back: {self.fallback}"
+        return self.reason
 
 
 def choose_engine(devices):
@@ -60,63 +80,126 @@ def choose_engine(devices):
         "replicate engine is the measured winner (docs/benchmarks.md)"))
 
 
-def auto_engine(devices, cpu_merge=True):
-    """What `engine="auto"` runs on `devices`, given the other arguments.
+def decide_engine(engine, devices, cpu_merge=True, walk_problem=None,
+                  refusal=None):
+    """The engine `multi_gpu_model` runs, and why: its one decision.
 
-    The predicted winner (`choose_engine`), unless an argument rules it
-    out: `cpu_merge=False` places a merge step that only the replicate
-    engine has. A model the mirrored engine cannot copy, or whose copy
-    computes otherwise (`multigpu.engines.copies.check_copy`), is found only when
-    the copy is made (`multi_gpu_model` falls back then).
+    `engine="replicate"` or `"mirrored"` runs as requested. `"auto"` runs
+    the predicted winner (`choose_engine`) unless the arguments or the
+    model rule it out, and says why (`EngineChoice.fallback`, with a
+    warning):
+
+    * `cpu_merge=False` places a merge step that only the replicate engine
+      has;
+    * with `sync_batchnorm=True`, a model the replicate engine cannot walk
+      (`walk_problem`) needs the mirrored engine, which pools its
+      BatchNormalization statistics;
+    * a model the mirrored engine refuses (it cannot copy it, or the copy
+      computes otherwise: `copies.copy_in_scope`) is known only once the
+      copy is made: `multi_gpu_model` then asks again with the refusal.
 
     Args:
+        engine: The validated `engine` argument (`front.check_engine`).
         devices: Canonical device names (`multigpu.resolve_devices`).
-        cpu_merge: The `cpu_merge` argument of `multi_gpu_model`.
+        cpu_merge: The `cpu_merge` argument.
+        walk_problem: None, or with `sync_batchnorm=True` why the replicate
+            engine cannot pool the model's statistics
+            (`sync_batchnorm.walk_problem`).
+        refusal: None, or the ValueError the mirrored engine raised on the
+            model this choice gave it.
 
     Returns:
-        An `EngineChoice`; its `fallback` says why the predicted winner
-        is not the engine, or is None.
+        An `EngineChoice`.
+
+    Raises:
+        ValueError: for `engine="replicate"` with a `walk_problem`; the
+            `refusal` itself when the engine was requested; a `refusal`
+            with a `walk_problem`, which neither engine can take.
 
     Example:
-    >>> auto_engine(["/device:GPU:%d" % i for i in range(4)],
-    ...             cpu_merge=False).engine
+    >>> gpus = ["/device:GPU:%d" % i for i in range(4)]
+    >>> decide_engine("auto", gpus).engine
+    'mirrored'
+    >>> decide_engine("auto", gpus, cpu_merge=False).engine
     'replicate'
     """
+    if engine == "auto":
+        choice = _predicted(devices, cpu_merge)
+    else:
+        choice = EngineChoice(engine, f"requested with {setting('engine', engine)}")
+    if walk_problem is not None and choice.engine != "mirrored":
+        choice = _pooling_choice(engine, walk_problem)
+    if refusal is not None and choice.engine == "mirrored":
+        choice = _refused(choice, engine, walk_problem, refusal)
+    return choice
+
+
+def _predicted(devices, cpu_merge):
+    """What `engine="auto"` runs before the model is looked at."""
     choice = choose_engine(devices)
     if choice.engine == "mirrored" and cpu_merge is False:
-        return fall_back_to_replicate(choice, (
-            f"{messages.setting('cpu_merge', False)} places the merge of "
+        return _fall_back_to_replicate(choice, (
+            f"{setting('cpu_merge', False)} places the merge of "
             "replica outputs on the first device, a step only the replicate "
             "engine has"))
     return choice
 
 
-def fall_back_to_replicate(choice, why):
-    """The replicate engine instead of `choice`'s, with `why` as fallback.
+def _pooling_choice(engine, walk_problem):
+    """The mirrored engine, which pools what the replicate engine cannot.
 
-    Args:
-        choice: The `EngineChoice` that could not be used.
-        why: Why, one clause naming the argument or the model.
-
-    Returns:
-        An `EngineChoice` of the replicate engine.
+    Raises:
+        ValueError: for `engine="replicate"`.
     """
-    return EngineChoice("replicate", choice.reason, fallback=why)
+    if engine == "replicate":
+        raise ValueError(
+            f"Invalid `model` for {setting('sync_batchnorm', True)} with "
+            f"{setting('engine', 'replicate')}: {walk_problem}, so its "
+            "BatchNormalization layers cannot see the other replicas' rows. "
+            f"Use {setting('engine', 'mirrored')} (or "
+            f"{setting('engine', 'auto')}), whose strategy pools them, or "
+            "build the model as a functional or Sequential model."
+        )
+    reason = (f"{setting('sync_batchnorm', True)} and {walk_problem}: only "
+              "the mirrored engine pools its BatchNormalization statistics")
+    return EngineChoice("mirrored", reason, warning=(
+        f"{setting('engine', 'auto')} runs the mirrored engine: {reason}. "
+        f"Pass {setting('engine', 'mirrored')} to choose it and silence "
+        "this warning."))
 
 
-def fallback_message(choice):
-    """The warning `multi_gpu_model` gives when `engine="auto"` falls back.
+def _refused(choice, engine, walk_problem, refusal):
+    """The replicate engine after the mirrored engine refused the model.
 
-    Args:
-        choice: An `EngineChoice` whose `fallback` is set.
-
-    Returns:
-        One message naming the predicted engine, why, and what runs.
+    Raises:
+        ValueError: `refusal` when the mirrored engine was requested, or
+            with a `walk_problem` (the replicate engine cannot pool it).
     """
-    auto = messages.setting("engine", "auto")
+    if walk_problem is not None:
+        raise ValueError(
+            f"{refusal} With {setting('sync_batchnorm', True)} the "
+            f"replicate engine cannot take it either: {walk_problem}. "
+            f"Leave {setting('sync_batchnorm', False)} for this "
+            "model.") from None
+    if engine != "auto":
+        raise refusal
+    return _fall_back_to_replicate(
+        choice, "the mirrored engine cannot take the model ("
+        f"{' '.join(str(refusal).split())})")
+
+
+def _fall_back_to_replicate(choice, why):
+    """The replicate engine instead of `choice`'s, with `why` as fallback."""
+    return EngineChoice("replicate", choice.reason, fallback=why,
+                        warning=_fallback_message(choice.reason, why))
+
+
+def _fallback_message(reason, why):
+    """The warning `multi_gpu_model` gives when `engine="auto"` falls back."""
+    auto = setting("engine", "auto")
+    replicate = setting("engine", "replicate")
     return (
-        f"{auto} would pick the mirrored engine ({choice.reason}), but "
-        f"{choice.fallback}: using {messages.setting('engine', 'replicate')}. "
-        f"Pass {messages.setting('engine', 'replicate')} to choose it and "
-        "silence this warning."
+        f"{auto} would pick the mirrored engine ({reason}), but {why}: "
+        f"using {replicate}. Pass {replicate} to choose it and silence this "
+        "warning."
     )

@@ -13,7 +13,8 @@ A layer's config and variables are not all of its state: an adapted
 that state over as Keras does when it loads a `.keras` file
 (`carry_state`), and `check_copy` runs model and copy on a probe batch so
 that state no hand-over reaches (an attribute set after construction) is
-an error, not wrong numbers.
+an error, not wrong numbers. `copy_in_scope` makes and checks the copy a
+strategy trains.
 """
 
 import collections
@@ -31,6 +32,7 @@ from multigpu.engines.functional import (
     execution_order,
     symbolic_graph,
 )
+from multigpu.engines.template import built_like
 from multigpu.messages import literal
 
 # A copy agrees with its model when every output is within
@@ -97,6 +99,52 @@ def copy_model(model):
     """
     copy = _copy_structure(model)
     carry_state(model, copy)
+    return copy
+
+
+def copy_in_scope(model, strategy, invalid, fix, uncopyable_fix=None):
+    """A checked copy of `model` whose variables `strategy` holds.
+
+    The copy (`copy_model`) is made in `strategy`'s scope, under `model`'s
+    dtype policy (`template.built_like`: its layers do not take a global
+    policy set since), and checked on a probe batch (`check_copy`). The
+    mirrored engine and `check_equivalence(engine="strategy")` train such
+    copies.
+
+    Args:
+        model: A built Keras model.
+        strategy: The `tf.distribute.Strategy` whose variables the copy's
+            are.
+        invalid: What the messages start with: the argument that is
+            invalid, and for what (``"Invalid `model` for ..."``).
+        fix: The sentence that ends the messages: what to do instead.
+        uncopyable_fix: The sentence that ends the message for a model that
+            cannot be copied at all, if other than `fix`.
+
+    Returns:
+        The copy, with `model`'s weights and state.
+
+    Raises:
+        ValueError: if `model` cannot be copied (a subclassed model without
+            `get_config`, or whose config does not rebuild it).
+        CopyMismatch: if the copy computes otherwise than `model`.
+
+    Example:
+    >>> replica = copy_in_scope(
+    ...     template, strategy, "Invalid `model` for engine='mirrored'",
+    ...     "Use engine='replicate', which needs no copy.")
+    """
+    with strategy.scope(), built_like(model):
+        try:
+            copy = copy_model(model)
+        except (ValueError, TypeError, NotImplementedError) as error:
+            # A subclassed model without `get_config` raises
+            # NotImplementedError; one whose config does not rebuild it,
+            # TypeError.
+            raise ValueError(
+                f"{invalid}: {literal(model.name)} cannot be cloned "
+                f"({error}). {uncopyable_fix or fix}") from None
+        check_copy(model, copy, invalid=invalid, fix=fix)
     return copy
 
 

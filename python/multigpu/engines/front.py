@@ -2,9 +2,9 @@
 
 The engines `multi_gpu_model` offers (`ENGINES`, `DEFAULT_ENGINE`,
 `check_engine`) and the public entry point, which validates its arguments
-once and hands the template to the engine named: `replicas.ParallelModel`
-or `mirrored.MirroredModel`. Each engine is a peer module; none imports
-another.
+once, asks `choice.decide_engine` which engine runs, and hands the template
+to it: `replicate.ParallelModel` or `mirrored.MirroredModel`. Each engine
+is a peer module; none imports another.
 """
 
 import warnings
@@ -104,31 +104,10 @@ def relocate_to_cpu(model):
     return clone
 
 
-def _sync_batchnorm_choice(choice, engine, problem):
-    """The engine that can pool BatchNormalization statistics for a model.
-
-    The replicate engine pools them by walking the model's graph; a model
-    it cannot walk (`problem`, from `sync_batchnorm.walk_problem`) needs
-    the mirrored engine, which `engine="auto"` then runs.
-
-    Raises:
-        ValueError: for `engine="replicate"` with such a model.
-    """
-    if problem is None or choice.engine == "mirrored":
-        return choice
-    if engine == "replicate":
-        raise ValueError(
-            f"Invalid `model` for {setting('sync_batchnorm', True)} with "
-            f"{setting('engine', 'replicate')}: {problem}, so its "
-            "BatchNormalization layers cannot see the other replicas' rows. "
-            f"Use {setting('engine', 'mirrored')} (or "
-            f"{setting('engine', 'auto')}), whose strategy pools them, or "
-            "build the model as a functional or Sequential model."
-        )
-    return choice_lib.EngineChoice(
-        "mirrored",
-        f"{setting('sync_batchnorm', True)} and {problem}: only the "
-        "mirrored engine pools its BatchNormalization statistics")
+def _warn(choice):
+    """Gives `choice`'s warning, if any, to the caller of `multi_gpu_model`."""
+    if choice.warning:
+        warnings.warn(choice.warning, UserWarning, stacklevel=3)
 
 
 def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
@@ -163,7 +142,7 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             all-reduced gradients; same contract, see `multigpu.engines.tensorflow.mirrored`).
             `"auto"` runs the replicate engine on logical CPU devices and on
             2 GPUs, the mirrored engine on 3 or more GPUs
-            (`multigpu.engines.choice.choose_engine`, docs/benchmarks.md); it falls
+            (`multigpu.engines.choice.decide_engine`, docs/benchmarks.md); it falls
             back to the replicate engine, with a warning naming why, when
             `cpu_merge=False` or the model cannot be copied (or its copy,
             checked on a probe batch, computes otherwise: a layer whose
@@ -215,42 +194,24 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
-    if engine == "auto":
-        choice = choice_lib.auto_engine(devices, cpu_merge)
-    else:
-        choice = choice_lib.EngineChoice(
-            engine, f"requested with {setting('engine', engine)}")
     problem = walk_problem(template) if sync_batchnorm else None
-    predicted, choice = choice, _sync_batchnorm_choice(choice, engine, problem)
-    if choice is not predicted:
-        warnings.warn(
-            f"{setting('engine', 'auto')} runs the mirrored engine: "
-            f"{choice.reason}. Pass {setting('engine', 'mirrored')} to "
-            "choose it and silence this warning.", UserWarning, stacklevel=2)
-    parallel = None
+    choice = choice_lib.decide_engine(engine, devices, cpu_merge,
+                                      walk_problem=problem)
+    _warn(choice)
     if choice.engine == "mirrored":
         try:
             parallel = MirroredModel(template, devices,
                                      sync_batchnorm=sync_batchnorm)
         except ValueError as error:
-            if problem is not None:
-                raise ValueError(
-                    f"{error} With {setting('sync_batchnorm', True)} the "
-                    f"replicate engine cannot take it either: {problem}. "
-                    f"Leave {setting('sync_batchnorm', False)} for this "
-                    "model.") from None
-            if engine != "auto":
-                raise
-            choice = choice_lib.fall_back_to_replicate(
-                choice, "the mirrored engine cannot take the model ("
-                f"{' '.join(str(error).split())})")
-    if choice.fallback:
-        warnings.warn(choice_lib.fallback_message(choice), UserWarning,
-                      stacklevel=2)
-    if parallel is None:
+            # Whether the mirrored engine takes the model shows only when
+            # it copies it: the decision is made again, knowing.
+            choice = choice_lib.decide_engine(
+                engine, devices, cpu_merge, walk_problem=problem,
+                refusal=error)
+            _warn(choice)
+    if choice.engine == "replicate":
         merge_device = HOST_DEVICE if cpu_merge else devices[0]
         parallel = ParallelModel(template, devices, merge_device,
                                  sync_batchnorm=sync_batchnorm)
-    parallel.engine_reason = choice.reason + (
-        f"; fell back: {choice.fallback}" if choice.fallback else "")
+    parallel.engine_reason = choice.engine_reason
     return parallel

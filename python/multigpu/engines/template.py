@@ -2,11 +2,12 @@
 
 `TemplateLayer` runs a template model inside another model; `TemplateBacked`
 gives a wrapping model the compile and save behaviour of its template, so
-files it writes are plain Keras models. Every engine builds on both.
+files it writes are plain Keras models. Every engine builds on both;
+`TemplateWrapper` is the functional model around one `TemplateLayer` that
+the replicate engine and `model_parallel` return.
 """
 
 import contextlib
-import inspect
 import warnings
 
 import keras
@@ -15,8 +16,9 @@ from multigpu import devices as devices_lib
 from multigpu import internals, saving
 from multigpu.distribute import inputs
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.functional import callable_graph, layer_name
-from multigpu.messages import literal, setting
+from multigpu.engines import compiled
+from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
+from multigpu.messages import setting
 from multigpu.step import nonfinite as finite
 from multigpu.step import train_step as training_step
 
@@ -90,12 +92,9 @@ def with_callbacks(model, args, kwargs, extra):
     >>> keras.Model.fit(model, *args, **kwargs)
     """
     try:
-        bound = inspect.signature(keras.Model.fit).bind(model, *args, **kwargs)
+        arguments = inputs.bound_arguments("fit", model, args, kwargs)
     except TypeError:
         return args, kwargs
-    arguments = dict(bound.arguments)
-    arguments.pop("self")
-    arguments.update(arguments.pop("kwargs", None) or {})
     callbacks = arguments.get("callbacks")
     if isinstance(callbacks, keras.callbacks.CallbackList):
         for callback in extra:
@@ -170,10 +169,8 @@ def template_compile_arguments(template, names, optimizer, args, kwargs):
     >>> template.compile(**template_compile_arguments(
     ...     template, parallel.output_names, parallel.optimizer, (), kwargs))
     """
-    arguments = inspect.signature(keras.Model.compile).bind(
-        template, optimizer, *args, **kwargs).arguments
-    arguments.pop("self")
-    arguments.update(arguments.pop("kwargs", {}))
+    arguments = inputs.bound_arguments("compile", template,
+                                       (optimizer, *args), kwargs)
     own = [layer_name(t)
            for t in keras.tree.flatten(callable_graph(template).output)]
     if list(names) != own:
@@ -214,30 +211,23 @@ def template_compile_config(template):
         template: A Keras model.
 
     Returns:
-        A dict of keyword arguments for `compile` (a new optimizer with the
-        template's hyperparameters, new loss and metric objects; no
-        `jit_compile`), or None when `template` is not compiled.
+        A dict of keyword arguments for `compile`
+        (`compiled.compile_arguments`: a new optimizer with the template's
+        hyperparameters, new loss and metric objects), without
+        `jit_compile`; None when `template` is not compiled.
 
     Raises:
         ValueError: if the template's compile configuration cannot be
-            rebuilt (an unregistered custom loss or metric).
+            rebuilt (an unregistered custom metric).
 
     Example:
     >>> parallel.compile(**template_compile_config(parallel.template))
     """
-    config = template.get_compile_config() if template.compiled else None
-    if not config:
-        return None
-    try:
-        arguments = dict(keras.saving.deserialize_keras_object(config))
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"Invalid `model`: the compile configuration of "
-            f"{literal(template.name)} cannot be rebuilt ({error}). Compile "
-            "the parallel model with the loss, optimizer and metrics to use "
-            "(register custom objects with keras.saving.register_keras_serializable)."
-        ) from None
-    arguments.pop("jit_compile", None)
+    arguments = compiled.compile_arguments(template, fix=(
+        "Compile the parallel model with the metrics to use, or register "
+        "custom metrics with keras.saving.register_keras_serializable()."))
+    if arguments is not None:
+        arguments.pop("jit_compile", None)
     return arguments
 
 
@@ -486,11 +476,9 @@ class TemplateBacked:
         warn_if_jit_compile(jit_compile, self.parallelism)
         args, kwargs = compile_defaults(self, args, kwargs)
         super().compile(*args, jit_compile=False, **kwargs)
-        arguments = inspect.signature(keras.Model.compile).bind(
-            self.template, *args, **kwargs).arguments
-        arguments.pop("self")
+        arguments = inputs.bound_arguments("compile", self.template, args,
+                                           kwargs)
         arguments.pop("optimizer", None)
-        arguments.update(arguments.pop("kwargs", {}))
         arguments = template_compile_arguments(
             self.template, self.output_names, self.optimizer, (), arguments)
         self.template.compile(**arguments)
@@ -555,3 +543,58 @@ class TemplateBacked:
             **config: The rest of `get_config()`.
         """
         return cls(template, devices, **config)
+
+
+class TemplateWrapper(TemplateBacked, keras.Model):
+    """A functional model around one `TemplateLayer` that runs its template.
+
+    Its inputs are made from the template's (`input_like`), the layer runs
+    the template on them, and its outputs take the template's output names
+    (`functional.outputs_named_after`), so loss and metric dicts keyed by them work.
+    Everything is made under the template's dtype policy (`built_like`).
+    `template` and `devices` are the layer's. `ParallelModel` and
+    `PartitionedModel` are such wrappers; a subclass names its default
+    name's ending in `name_suffix` and, as any `TemplateBacked`, its config
+    in `config_keys`.
+
+    Args:
+        template: The template model.
+        graph_of: The template's functional graph, from the template
+            (`functional.callable_graph` or `functional.symbolic_graph`).
+        input_like: The wrapper's `keras.Input` for one of that graph's
+            inputs.
+        make_layer: Makes the `TemplateLayer` (called with no arguments,
+            under the template's dtype policy).
+        **kwargs: Keyword arguments of `keras.Model` (`name`).
+
+    Example:
+    >>> parallel = ParallelModel(template, ["/device:CPU:0", "/device:CPU:1"])
+    >>> parallel.template_layer.template is parallel.template is template
+    True
+    """
+
+    name_suffix = "wrapped"
+
+    def __init__(self, template, graph_of, input_like, make_layer, **kwargs):
+        with built_like(template):
+            graph = graph_of(template)
+            inputs = keras.tree.map_structure(input_like, graph.input)
+            outputs = outputs_named_after(graph, make_layer()(inputs))
+            kwargs.setdefault("name", f"{template.name}_{self.name_suffix}")
+            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+    @property
+    def template_layer(self):
+        """The `TemplateLayer` that runs the template."""
+        return next(layer for layer in self.layers
+                    if isinstance(layer, TemplateLayer))
+
+    @property
+    def template(self):
+        """The model whose weights the wrapper trains."""
+        return self.template_layer.template
+
+    @property
+    def devices(self):
+        """Canonical names of the devices the template runs on."""
+        return list(self.template_layer.devices)

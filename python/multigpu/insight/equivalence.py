@@ -30,10 +30,10 @@ from multigpu import devices as devices_lib
 from multigpu import internals
 from multigpu.arguments import check_int
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.copies import CopyMismatch, check_copy, copy_model, mismatch_text
+from multigpu.engines.compiled import compile_arguments
+from multigpu.engines.copies import CopyMismatch, copy_in_scope, mismatch_text
 from multigpu.engines.front import DEFAULT_ENGINE, multi_gpu_model
 from multigpu.engines.functional import callable_graph
-from multigpu.engines.template import built_like
 from multigpu.engines.tensorflow.mirrored import check_no_r_code
 from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
 from multigpu.messages import api, current_language, literal, literals, setting
@@ -199,40 +199,11 @@ def _batch_size(batch_size, rows, steps, replicas, engine):
     return size
 
 
-def _compile_arguments(model):
-    """Fresh `compile` arguments: the model's loss, metrics and optimizer config.
-
-    Every copy gets objects of its own (metrics hold state; an optimizer
-    serves one model), made from the model's compile config, and an
-    optimizer of the class and config of the model's.
-    """
-    config = dict(model.get_compile_config())
-    # Losses hold no state: a loss Keras cannot look up by name (a function
-    # of the user's) is shared as it is.
-    loss = config.pop("loss", None)
-    try:
-        arguments = keras.saving.deserialize_keras_object(config)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            f"Invalid `model`: the metrics {literal(model.name)} was "
-            "compiled with cannot be re-created from its compile config "
-            f"({error}). Register custom metrics with "
-            "keras.saving.register_keras_serializable().") from None
-    try:
-        arguments["loss"] = keras.saving.deserialize_keras_object(loss)
-    except (TypeError, ValueError):
-        arguments["loss"] = model.loss
-    optimizer = model.optimizer
-    arguments["optimizer"] = type(optimizer).from_config(optimizer.get_config())
-    return arguments
-
-
 def _strategy_copy(model, strategy):
     """`model` copied under `strategy`'s scope, with its weights and state.
 
     Keras's `fit` under a strategy needs variables made in its scope: the
-    copy is `multigpu.engines.copies.copy_model`'s, checked as the mirrored
-    engine checks its own (`check_copy`).
+    copy is the mirrored engine's (`multigpu.engines.copies.copy_in_scope`).
 
     Raises:
         CopyMismatch: if the copy computes otherwise than `model`.
@@ -241,18 +212,12 @@ def _strategy_copy(model, strategy):
     """
     invalid = f"Invalid `model` for {setting('engine', 'strategy')}"
     check_no_r_code(model, invalid)
-    with strategy.scope(), built_like(model):
-        try:
-            copy = copy_model(model)
-        except (NotImplementedError, TypeError, ValueError) as error:
-            raise ValueError(
-                f"{invalid}: {literal(model.name)} cannot be rebuilt from "
-                f"its config ({error}). A subclassed model needs "
-                "`get_config` and `from_config` that rebuild it.") from None
-        check_copy(model, copy, invalid=invalid, fix=(
-            f"Build the model inside {api('mirrored_strategy')}'s scope "
-            f"rather than copying it, or use {setting('engine', 'replicate')}."))
-    return copy
+    return copy_in_scope(
+        model, strategy, invalid,
+        fix=(f"Build the model inside {api('mirrored_strategy')}'s scope "
+             f"rather than copying it, or use {setting('engine', 'replicate')}."),
+        uncopyable_fix=("A subclassed model needs `get_config` and "
+                        "`from_config` that rebuild it."))
 
 
 @contextlib.contextmanager
@@ -331,7 +296,7 @@ def _optimizer_state(optimizer):
 def _train_reference(model, x, y, batch_size, device):
     """`model` itself trained on `device`, then put back (`_put_back`)."""
     with _put_back(model), tf.device(device):
-        model.compile(**_compile_arguments(model))
+        model.compile(**compile_arguments(model))
         logs = _train(model, x, y, batch_size)
         return _Trained(logs, model.get_weights(),
                         _optimizer_state(model.optimizer))
@@ -363,7 +328,7 @@ def _train_engine(model, x, y, batch_size, devices, engine,
             return _Engine(engine, reason, mismatch=mismatch)
         # The optimizer is made in the scope: its step count is mirrored.
         with strategy.scope():
-            copy.compile(**_compile_arguments(model))
+            copy.compile(**compile_arguments(model))
         logs = _train(copy, x, y, batch_size)
         return _Engine(engine, reason, _Trained(
             logs, copy.get_weights(), _optimizer_state(copy.optimizer)))
@@ -375,7 +340,7 @@ def _train_engine(model, x, y, batch_size, devices, engine,
         except CopyMismatch as mismatch:
             return _Engine(engine, f"requested with {setting('engine', engine)}",
                            mismatch=mismatch)
-        parallel.compile(**_compile_arguments(model))
+        parallel.compile(**compile_arguments(model))
         logs = _train(parallel, x, y, batch_size)
         return _Engine(parallel.engine, parallel.engine_reason, _Trained(
             logs, model.get_weights(), _optimizer_state(parallel.optimizer)))

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from multigpu import arguments, internals, messages
 from multigpu.devices import resolve_devices
+from multigpu.engines.compiled import fresh_optimizer
 from multigpu.placement import format_bytes
 from multigpu.placement.table import text_table
 from multigpu.variables import variable_bytes
@@ -190,7 +191,9 @@ def activation_bytes(model, rows):
     return total
 
 
-def _fresh_optimizer(optimizer, model, source):
+def _unbuilt_optimizer(optimizer, model, source):
+    """A new optimizer for the `optimizer` argument: a name, an instance
+    (`compiled.fresh_optimizer`), or None for the compiled one."""
     if optimizer is None:
         optimizer = getattr(source, "optimizer", None) or getattr(model, "optimizer", None)
         if optimizer is None:
@@ -203,7 +206,7 @@ def _fresh_optimizer(optimizer, model, source):
     if isinstance(optimizer, str):
         return keras.optimizers.get(optimizer)
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+        return fresh_optimizer(optimizer)
     raise TypeError(
         f"Invalid `optimizer`: received an object of type {type(optimizer).__name__}; "
         "expected a Keras optimizer, its name (e.g. "
@@ -230,7 +233,7 @@ def optimizer_bytes(optimizer, model):
     >>> optimizer_bytes("sgd", model)   # iterations (int64), learning rate
     12
     """
-    fresh = _fresh_optimizer(optimizer, _template(model), model)
+    fresh = _unbuilt_optimizer(optimizer, _template(model), model)
     with tf.device("/cpu:0"):
         fresh.build(_template(model).trainable_variables)
     return sum(variable_bytes(v) for v in fresh.variables)
@@ -269,7 +272,7 @@ def _plan_entries(model, rows, optimizer):
     template = _template(model)
     weights = sum(variable_bytes(v) for v in template.variables)
     gradients = sum(variable_bytes(v) for v in template.trainable_variables)
-    slots = optimizer_bytes(_fresh_optimizer(optimizer, template, model), template)
+    slots = optimizer_bytes(_unbuilt_optimizer(optimizer, template, model), template)
     activations = activation_bytes(template, rows)
     return {"weights": weights, "gradients": gradients, "optimizer": slots,
             "activations": activations,

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import arguments, messages
+from multigpu.engines.compiled import fresh_optimizer
 from multigpu.insight import scaling
 from multigpu.variables import variable_bytes
 
@@ -66,10 +67,6 @@ def _rows(batch):
 
 def _median(values):
     return statistics.median(values) if values else None
-
-
-def _fresh_optimizer(optimizer):
-    return keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
 
 
 class ScalingMonitor(keras.callbacks.Callback):
@@ -251,7 +248,7 @@ class ScalingMonitor(keras.callbacks.Callback):
                         "the copy was created under a strategy's scope, so on "
                         "several devices")
                 copy.set_weights(template.get_weights())
-                copy.compile(optimizer=_fresh_optimizer(model.optimizer),
+                copy.compile(optimizer=fresh_optimizer(model.optimizer),
                              loss=model.loss)
                 copy.make_train_function()
                 iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())

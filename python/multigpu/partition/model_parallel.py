@@ -16,9 +16,9 @@ from multigpu import devices as devices_lib
 from multigpu.arguments import check_int, is_int
 from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.functional import layer_name, outputs_named_after, symbolic_graph
+from multigpu.engines.functional import layer_name, symbolic_graph
 from multigpu.engines.own_steps import check_standard_steps
-from multigpu.engines.template import TemplateBacked, built_like
+from multigpu.engines.template import TemplateWrapper, built_like
 from multigpu.messages import api, literal, setting
 from multigpu.partition.pipeline import StagePlan, Stages
 from multigpu.partition.stages import is_group, resolve_stages, staged_layers
@@ -89,52 +89,43 @@ def place_template(model, stages, devices):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class PartitionedModel(TemplateBacked, keras.Model):
+class PartitionedModel(TemplateWrapper):
     """A Keras model that runs `template` as stages on several devices.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
     `predict`. Its weights are the template's, which live on the stage
-    devices. `save`, `save_weights` and `load_weights` act on `template`, so
-    files are plain Keras models that load with `keras.models.load_model`.
+    devices; its `template` and `devices` (one per stage) are those of its
+    `Stages` layer. `save`, `save_weights` and `load_weights` act on
+    `template`, so files are plain Keras models that load with
+    `keras.models.load_model`.
     """
 
     parallelism = "model parallelism"
     config_keys = ("devices", "stages", "microbatches")
+    name_suffix = "partitioned"
 
     def __init__(self, template, devices, stages, microbatches=1, **kwargs):
-        with built_like(template):
-            inputs = keras.tree.map_structure(
-                lambda x: _input_like(x, microbatches),
-                symbolic_graph(template).input)
-            layer = Stages(template, devices, stages, microbatches,
-                           name="stages")
-            outputs = outputs_named_after(symbolic_graph(template), layer(inputs))
-            kwargs.setdefault("name", f"{template.name}_partitioned")
-            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        super().__init__(
+            template, symbolic_graph,
+            lambda tensor: _input_like(tensor, microbatches),
+            lambda: Stages(template, devices, stages, microbatches,
+                           name="stages"),
+            **kwargs)
 
     @property
     def stages_layer(self):
-        return next(layer for layer in self.layers if isinstance(layer, Stages))
-
-    @property
-    def template(self):
-        """The model whose layers the stages run (weights on stage devices)."""
-        return self.stages_layer.template
-
-    @property
-    def devices(self):
-        """Canonical device names, one per stage."""
-        return list(self.stages_layer.devices)
+        """The `Stages` layer that runs the pipeline."""
+        return self.template_layer
 
     @property
     def stages(self):
         """The layer names of each stage, in stage order."""
-        return [list(names) for names in self.stages_layer.stages]
+        return [list(names) for names in self.template_layer.stages]
 
     @property
     def microbatches(self):
         """Number of micro-batches each batch is pipelined as."""
-        return self.stages_layer.microbatches
+        return self.template_layer.microbatches
 
     def stage_table(self):
         """Per stage: device, layers, number and bytes of its variables.

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import multigpu
+from multigpu.distribute import inputs
 from multigpu.messages import language
 from support.models import mlp
 
@@ -405,3 +406,25 @@ def test_an_r_integer_na_label_is_named_na():
             ValueError, match=r"^Invalid `y`: received NA in 1 of 10 rows "
                               r"\(the first is row 3\)"):
         model.fit(_x(), labels, verbose=0)
+
+
+def test_bound_arguments_name_fit_and_compile_arguments():
+    model = mlp()
+    x, y = _x(), _y()
+    arguments = inputs.bound_arguments("fit", model, (x, y, 5),
+                                       {"epochs": 2, "shuffle": False})
+    assert "self" not in arguments
+    assert arguments["x"] is x and arguments["y"] is y
+    assert (arguments["batch_size"], arguments["epochs"]) == (5, 2)
+    assert "verbose" not in arguments
+    assert inputs.bound_arguments("fit", model, (x,),
+                                  defaults=True)["verbose"] == "auto"
+    assert inputs.bound_arguments(
+        "compile", model, ("sgd", "mse"), {"auto_scale_loss": False}) == {
+            "optimizer": "sgd", "loss": "mse", "auto_scale_loss": False}
+    # `evaluate`'s **kwargs are merged in by name.
+    assert inputs.bound_arguments(
+        "evaluate", model, (x,), {"_use_cached_eval_dataset": True}) == {
+            "x": x, "_use_cached_eval_dataset": True}
+    with pytest.raises(TypeError):
+        inputs.bound_arguments("fit", model, (x,), {"x": x})

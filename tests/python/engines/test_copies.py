@@ -17,8 +17,15 @@ import tensorflow as tf
 from keras import ops
 
 import multigpu
+from multigpu.distribute.strategy import strategy_over
 from multigpu.engines import choice as choice_lib
-from multigpu.engines.copies import CopyMismatch, copy_difference, copy_model, probe_batch
+from multigpu.engines.copies import (
+    CopyMismatch,
+    copy_difference,
+    copy_in_scope,
+    copy_model,
+    probe_batch,
+)
 from support.hub_models import (
     bert_text_classifier,
     gpt2_causal_lm,
@@ -323,3 +330,42 @@ def test_a_model_compiled_with_a_session_loss_is_copied(rng):
     x = rng.standard_normal((4, 4)).astype("float32")
     np.testing.assert_allclose(np.asarray(copy(x)), np.asarray(template(x)),
                                atol=TOL)
+
+
+class _NoConfig(keras.Model):
+    """A subclassed model without `get_config`: it cannot be copied."""
+
+    def __init__(self):
+        super().__init__(name="no_config")
+        self.dense = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_copy_in_scope_makes_the_strategys_checked_copy(rng):
+    # The one copy the mirrored engine and check_equivalence's "strategy"
+    # run train.
+    strategy = strategy_over(multigpu.resolve_devices(2))
+    template = _with_session_lambda()
+    copy = copy_in_scope(template, strategy, "Invalid `model` for test",
+                         "Do otherwise.")
+    assert all(strategy.extended.variable_created_in_scope(v.value)
+               for v in copy.weights)
+    assert not any(strategy.extended.variable_created_in_scope(v.value)
+                   for v in template.weights)
+    x = rng.standard_normal((4, 4)).astype("float32")
+    np.testing.assert_allclose(np.asarray(copy(x)), np.asarray(template(x)),
+                               atol=TOL)
+    with pytest.raises(CopyMismatch, match=(
+            r"(?s)^Invalid `model` for test: .*layer 'scaled' \(Scale\) .*"
+            r"Do otherwise\.$")):
+        copy_in_scope(_scaled(), strategy, "Invalid `model` for test",
+                      "Do otherwise.", uncopyable_fix="Not this one.")
+    uncopyable = _NoConfig()
+    uncopyable(x)
+    with pytest.raises(ValueError, match=(
+            r"(?s)^Invalid `model` for test: 'no_config' cannot be cloned "
+            r"\(.*\)\. Not this one\.$")):
+        copy_in_scope(uncopyable, strategy, "Invalid `model` for test",
+                      "Do otherwise.", uncopyable_fix="Not this one.")

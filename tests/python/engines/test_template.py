@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import multigpu
+from multigpu.engines.template import TemplateLayer, TemplateWrapper
 from support.hub_models import gpt2_causal_lm, token_batch
 from support.models import copy_of, data, max_weight_difference, mlp
 
@@ -100,3 +101,41 @@ def test_bare_compile_of_a_plain_template_is_keras_own():
     parallel.compile()
     assert isinstance(parallel.optimizer, keras.optimizers.RMSprop)
     assert parallel.loss is None
+
+
+def _wrappers():
+    """A model of each `TemplateWrapper` kind, over 2 devices."""
+    return {
+        "ParallelModel": multigpu.multi_gpu_model(mlp(), gpus=2,
+                                                  engine="replicate"),
+        "PartitionedModel": multigpu.model_parallel(mlp(), devices=2),
+    }
+
+
+def test_both_wrappers_share_one_base():
+    for name, wrapper in _wrappers().items():
+        assert isinstance(wrapper, TemplateWrapper) and type(wrapper).__name__ == name
+        layer = wrapper.template_layer
+        assert isinstance(layer, TemplateLayer) and layer.template is wrapper.template
+        assert wrapper.devices == layer.devices == multigpu.resolve_devices(2)
+        assert wrapper.name == f"mlp_{type(wrapper).name_suffix}"
+        assert keras.saving.get_registered_name(type(wrapper)) == (
+            f"multigpu>{name}")
+    parallel, partitioned = _wrappers().values()
+    assert parallel.replicas_layer is parallel.template_layer
+    assert partitioned.stages_layer is partitioned.template_layer
+
+
+def test_a_wrapper_inside_a_saved_model_loads_by_its_registered_name(
+        rng, tmp_path):
+    x, _ = data(rng, 6)
+    for name, wrapper in _wrappers().items():
+        inputs = keras.Input((8,), name="features")
+        outer = keras.Model(inputs, wrapper(inputs), name="outer")
+        path = tmp_path / f"{name}.keras"
+        keras.saving.save_model(outer, path)
+        loaded = keras.models.load_model(path)
+        inner = loaded.layers[-1]
+        assert type(inner) is type(wrapper) and inner.devices == wrapper.devices
+        np.testing.assert_allclose(loaded.predict(x, verbose=0),
+                                   outer.predict(x, verbose=0), atol=TOL)

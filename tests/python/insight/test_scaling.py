@@ -2,7 +2,6 @@
 
 import pytest
 
-from multigpu.engines import choice as choice_lib
 from multigpu.insight import scaling
 
 
@@ -41,38 +40,3 @@ def test_bad_arguments_name_the_value():
         scaling.predict_step({}, 0, "pcie4", devices=2)
     with pytest.raises(ValueError, match=r"Invalid `compute_seconds`"):
         scaling.predict_step({}, True, "pcie4", devices=2)
-
-
-def test_choose_engine_follows_the_byte_counts():
-    gpus = [f"/device:GPU:{i}" for i in range(8)]
-    assert choice_lib.choose_engine(gpus).engine == "mirrored"
-    assert "7 copies" in choice_lib.choose_engine(gpus).reason
-    assert choice_lib.choose_engine(gpus[:4]).engine == "mirrored"
-    assert choice_lib.choose_engine(gpus[:2]).engine == "replicate"
-    cpus = [f"/device:CPU:{i}" for i in range(4)]
-    assert choice_lib.choose_engine(cpus).engine == "replicate"
-
-
-def test_auto_engine_on_gpu_names_follows_choose_engine():
-    # The decision only: which engine is faster on real GPUs only a GPU run
-    # can confirm (docs/benchmarks.md gives the prediction and its basis).
-    gpus = [f"/device:GPU:{i}" for i in range(8)]
-    for n, engine in ((2, "replicate"), (3, "mirrored"), (4, "mirrored"),
-                      (8, "mirrored")):
-        choice = choice_lib.auto_engine(gpus[:n])
-        assert (choice.engine, choice.fallback) == (engine, None)
-    cpus = [f"/device:CPU:{i}" for i in range(8)]
-    assert choice_lib.auto_engine(cpus).engine == "replicate"
-    assert "logical CPU devices" in choice_lib.auto_engine(cpus).reason
-
-
-def test_auto_engine_falls_back_when_cpu_merge_is_false():
-    gpus = [f"/device:GPU:{i}" for i in range(4)]
-    choice = choice_lib.auto_engine(gpus, cpu_merge=False)
-    assert choice.engine == "replicate"
-    assert "cpu_merge=False" in choice.fallback
-    message = choice_lib.fallback_message(choice)
-    assert message.startswith("engine='auto' would pick the mirrored engine")
-    assert "using engine='replicate'" in message
-    # On 2 GPUs auto picks the replicate engine anyway: nothing to fall from.
-    assert choice_lib.auto_engine(gpus[:2], cpu_merge=False).fallback is None

@@ -23,7 +23,6 @@ measures both on logical CPU devices.
 """
 
 import contextlib
-import inspect
 
 import keras
 import tensorflow as tf
@@ -31,7 +30,9 @@ import tensorflow as tf
 from multigpu import internals
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.distribute.fit import weighted_by_rows
-from multigpu.engines.copies import check_copy, copy_model
+from multigpu.distribute.inputs import bound_arguments
+from multigpu.engines.compiled import fresh_optimizer
+from multigpu.engines.copies import copy_in_scope
 from multigpu.engines.functional import callable_graph, layer_name, output_names
 from multigpu.engines.template import (
     TemplateBacked,
@@ -123,24 +124,6 @@ def _check_same_weights(template, replica):
         )
 
 
-def _check_copy(template, replica):
-    """Refuses a replica that does not compute what the template computes.
-
-    State a layer keeps outside its config and Keras's saved state (an
-    attribute set after construction) does not reach the copy; the
-    replica would train other numbers than the template, silently.
-
-    Raises:
-        copies.CopyMismatch: a ValueError naming the first layer that
-            differs and the replicate engine as the fix.
-    """
-    check_copy(
-        template, replica,
-        invalid=f"Invalid `model` for {setting('engine', 'mirrored')}",
-        fix=(f"Use {setting('engine', 'replicate')}, which trains "
-             f"{literal(template.name)} itself and needs no copy."))
-
-
 def _metric_in_scope(metric):
     """A metric object made anew, in the current strategy's scope.
 
@@ -207,9 +190,9 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
             those of the whole batch.
 
     Raises:
-        ValueError: if `template` cannot be copied, or its copy (every
-            layer's state carried by `copies.copy_model`) gives other
-            outputs than `template` on a probe batch
+        ValueError: if `template` cannot be copied, or its copy
+            (`copies.copy_in_scope`: every layer's state carried) gives
+            other outputs than `template` on a probe batch
             (`copies.CopyMismatch`, naming the first layer that differs).
     """
 
@@ -217,28 +200,20 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
 
     def __init__(self, template, devices, sync_batchnorm=False, **kwargs):
         devices = list(devices)
-        check_no_r_code(template, "Invalid `model` for "
-                        f"{setting('engine', 'mirrored')}")
+        invalid = f"Invalid `model` for {setting('engine', 'mirrored')}"
+        check_no_r_code(template, invalid)
         strategy = strategy_lib.strategy_over(devices)
-        # The copy's layers take the template's dtype policy, not a global
-        # policy set since (a subclassed model's layers have no other).
+        replicate = setting("engine", "replicate")
+        replica = copy_in_scope(
+            template, strategy, invalid,
+            fix=(f"Use {replicate}, which trains {literal(template.name)} "
+                 "itself and needs no copy."),
+            uncopyable_fix=f"Use {replicate}, which needs no copy.")
+        _check_same_weights(template, replica)
+        if sync_batchnorm:
+            synchronize(replica)
+        # The layers the model adds take the template's dtype policy too.
         with strategy.scope(), built_like(template):
-            try:
-                replica = copy_model(template)
-            except (ValueError, TypeError, NotImplementedError) as error:
-                # A subclassed model without `get_config` raises
-                # NotImplementedError; one whose config does not rebuild
-                # it, TypeError.
-                raise ValueError(
-                    f"Invalid `model` for {setting('engine', 'mirrored')}: "
-                    f"{literal(template.name)} cannot be cloned ({error}). Use "
-                    f"{setting('engine', 'replicate')}, which needs no copy."
-                ) from None
-            _check_same_weights(template, replica)
-            if sync_batchnorm:
-                synchronize(replica)
-            replica.set_weights(template.get_weights())
-            _check_copy(template, replica)
             kwargs.setdefault("name", f"{template.name}_mirrored")
             graph = callable_graph(replica)
             names = output_names(callable_graph(template))
@@ -319,10 +294,8 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
             if steps:
                 # Accumulated by the training step (`multigpu.step.accumulation`).
                 optimizer = accumulation_lib.without_accumulation(optimizer)
-            arguments = inspect.signature(keras.Model.compile).bind(
-                self, optimizer, *args, **kwargs).arguments
-            arguments.pop("self")
-            arguments.update(arguments.pop("kwargs", {}))
+            arguments = bound_arguments("compile", self,
+                                        (optimizer, *args), kwargs)
             for key in ("metrics", "weighted_metrics"):
                 arguments[key] = keras.tree.map_structure(
                     _metric_in_scope, arguments.get(key))
@@ -336,8 +309,7 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
-            keras.optimizers.deserialize(keras.optimizers.serialize(
-                configured if steps else self.optimizer)),
+            fresh_optimizer(configured if steps else self.optimizer),
             args, kwargs))
 
     def _copy_optimizer_state(self):
@@ -366,8 +338,7 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
                 "that was already used (built) for other variables. Pass a "
                 f"new optimizer instance, or its name, e.g. {setting('optimizer', 'adam')}."
             )
-        return keras.optimizers.deserialize(
-            keras.optimizers.serialize(optimizer))
+        return fresh_optimizer(optimizer)
 
     @contextlib.contextmanager
     def _in_sync(self, trains):

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from multigpu.arguments import check_int
 from multigpu.devices import HOST_DEVICE
-from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
-from multigpu.engines.template import TemplateBacked, TemplateLayer, built_like
+from multigpu.engines.functional import callable_graph, layer_name
+from multigpu.engines.template import TemplateLayer, TemplateWrapper
 from multigpu.engines.tensorflow.forward import (
     PassLayout,
     concat_with_logits,
@@ -55,45 +55,44 @@ class DataParallelReplicas(TemplateLayer):
         self._walk = (GlobalBatchWalk(template, merge_device)
                       if self.sync_batchnorm else None)
         self._output_struct = callable_graph(template).output
-        # (devices, may_be_empty) used by the next traced call; see `planned`.
+        # (devices, guard) used by the next traced call; see `planned`.
         self._plan = None
 
     @contextlib.contextmanager
-    def planned(self, devices, may_be_empty):
-        """Traces calls in this block with `devices`, ready for empty shares if asked.
+    def planned(self, devices, guard):
+        """Traces calls in this block with `devices` and, if `guard`, guarded.
 
         A caller that knows a batch has at least one row per device
-        (`ParallelModel`'s steps decide once per step) can leave out each
-        replica's handling of an empty share (a padding op per input and a
-        selection per written variable, `padded_on_empty_share`); it can
-        also send a batch to one device.
+        (`ParallelModel`'s steps decide once per step) can drop the
+        per-replica zero-row guard (a padding op per input and a selection
+        per written variable, `padded_when_empty`); it can also send a
+        batch to one device.
 
         Args:
             devices: The devices of the replicas, a non-empty sublist of
                 `self.devices`.
-            may_be_empty: Whether a replica's share may have no rows, so
-                that each replica runs on one row of zeros then (see
-                `forward.padded_on_empty_share`).
+            guard: Whether each replica survives a sub-batch of zero rows
+                (see `forward.padded_when_empty`).
         """
-        previous, self._plan = self._plan, (list(devices), may_be_empty)
+        previous, self._plan = self._plan, (list(devices), guard)
         try:
             yield
         finally:
             self._plan = previous
 
     def call(self, inputs, training=None):
-        devices, may_be_empty = self._plan or (self.devices, True)
+        devices, guard = self._plan or (self.devices, True)
         if self._walk is not None and training and len(devices) > 1:
-            merged, loss = self._walked(inputs, devices, may_be_empty, training)
+            merged, loss = self._walked(inputs, devices, guard, training)
         else:
-            merged, loss = self._forward(inputs, devices, may_be_empty, training)
+            merged, loss = self._forward(inputs, devices, guard, training)
         if loss is not None:
             # The layer-made losses of the whole batch (see
             # `rows_weighted_loss`), which the layers no longer hold.
             self.add_loss(loss)
         return keras.tree.pack_sequence_as(self._output_struct, merged)
 
-    def _forward(self, inputs, devices, may_be_empty, training):
+    def _forward(self, inputs, devices, guard, training):
         """One call of the template per device, outputs concatenated.
 
         Returns:
@@ -104,7 +103,7 @@ class DataParallelReplicas(TemplateLayer):
         flat_inputs = keras.tree.flatten(inputs)
         layout = PassLayout()
         forward = flat_forward(self.template, inputs, training, layout,
-                               pad=may_be_empty)
+                               pad=guard)
         if len(devices) == 1:
             # One device: nothing to slice or concatenate.
             merged, loss, new_values = layout.split(
@@ -113,11 +112,11 @@ class DataParallelReplicas(TemplateLayer):
             return merged, loss
         return self._replicated(forward, layout, devices, flat_inputs)
 
-    def _walked(self, inputs, devices, may_be_empty, training):
+    def _walked(self, inputs, devices, guard, training):
         """The template walked across replicas, BatchNormalization pooled.
 
         A batch with fewer rows than devices, possible only when no step
-        planned the call (`may_be_empty`: the layer called on its own), runs on
+        planned the call (`guard`: the layer called on its own), runs on
         the first device alone as the template would, so the walk gives
         every replica at least one row. The `tf.cond` of that choice drops
         the logits Keras attaches to softmax outputs; the steps of
@@ -139,7 +138,7 @@ class DataParallelReplicas(TemplateLayer):
                           for i in range(len(devices))]
             return self._walk(devices, shares, training)
 
-        if not may_be_empty:
+        if not guard:
             return walk()
         rows = tf.shape(flat_inputs[0])[0]
         has_loss = []
@@ -199,11 +198,12 @@ def _input_like(tensor):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ParallelModel(TemplateBacked, keras.Model):
+class ParallelModel(TemplateWrapper):
     """A Keras model that runs one replica of `template` per device.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
-    `predict`, or call it as a layer. Its weights are the template's.
+    `predict`, or call it as a layer. Its weights are the template's; its
+    `template` and `devices` are those of its `DataParallelReplicas` layer.
 
     Saving: `save`, `save_weights` and `load_weights` (and so
     `keras.callbacks.ModelCheckpoint` and `BackupAndRestore` attached to this
@@ -215,41 +215,30 @@ class ParallelModel(TemplateBacked, keras.Model):
     engine = "replicate"
     engine_reason = "built as a ParallelModel"
     config_keys = ("devices", "merge_device", "sync_batchnorm")
+    name_suffix = "parallel"
 
     def __init__(self, template, devices, merge_device=HOST_DEVICE,
                  sync_batchnorm=False, **kwargs):
-        with built_like(template):
-            graph = callable_graph(template)
-            inputs = keras.tree.map_structure(_input_like, graph.input)
-            replicas = DataParallelReplicas(template, devices, merge_device,
-                                            sync_batchnorm, name="replicas")
-            outputs = outputs_named_after(graph, replicas(inputs))
-            kwargs.setdefault("name", f"{template.name}_parallel")
-            super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        super().__init__(
+            template, callable_graph, _input_like,
+            lambda: DataParallelReplicas(template, devices, merge_device,
+                                         sync_batchnorm, name="replicas"),
+            **kwargs)
 
     @property
     def replicas_layer(self):
-        return next(layer for layer in self.layers if isinstance(layer, DataParallelReplicas))
-
-    @property
-    def template(self):
-        """The model whose weights every replica shares."""
-        return self.replicas_layer.template
-
-    @property
-    def devices(self):
-        """Canonical names of the devices that hold one replica each."""
-        return list(self.replicas_layer.devices)
+        """The `DataParallelReplicas` layer that runs the replicas."""
+        return self.template_layer
 
     @property
     def merge_device(self):
         """Device that slices batches and concatenates outputs."""
-        return self.replicas_layer.merge_device
+        return self.template_layer.merge_device
 
     @property
     def sync_batchnorm(self):
         """Whether BatchNormalization pools its statistics over all rows."""
-        return self.replicas_layer.sync_batchnorm
+        return self.template_layer.sync_batchnorm
 
     def train_step(self, data):
         return self._split_once(super().train_step, data)
@@ -264,22 +253,21 @@ class ParallelModel(TemplateBacked, keras.Model):
         """Runs a Keras step with one decision on how to split its batch.
 
         A batch with at least one row per device is split between all
-        replicas, which need no handling of an empty share. A smaller batch
-        (at most the last one of an epoch, or a batch size below the device
-        count) runs on the first device as one sub-batch, exactly as the
-        template would, ready for a share of no rows. Both are traced into
-        one `tf.cond`, which runs only the branch it takes, so a full batch
-        pays for no empty-share handling.
+        replicas, with no per-replica guard. A smaller batch (at most the
+        last one of an epoch, or a batch size below the device count) runs
+        on the first device as one sub-batch, exactly as the template would,
+        guarded against zero rows. Both are traced into one `tf.cond`, which
+        runs only the branch it takes, so a full batch pays for no guard.
         The cond holds the whole step (forward pass, loss, update), so
         what the forward pass creates never has to leave it.
         """
-        layer = self.replicas_layer
+        layer = self.template_layer
         devices = layer.devices
         rows = tf.shape(keras.tree.flatten(data)[0])[0]
 
-        def run(step_devices, may_be_empty):
+        def run(step_devices, guard):
             # The step's custom gradients belong to this trace's graph.
-            with layer.planned(step_devices, may_be_empty), (
+            with layer.planned(step_devices, guard), (
                     gradients_lib.gradients_owned_by_ops()):
                 return step(data)
 
@@ -288,12 +276,12 @@ class ParallelModel(TemplateBacked, keras.Model):
             # Every batch of this trace has `known` rows: trace only the
             # branch it takes (the other, on shares of zero rows, could
             # never run).
-            return (run(devices, may_be_empty=False) if known >= len(devices)
-                    else run(devices[:1], may_be_empty=True))
+            return (run(devices, guard=False) if known >= len(devices)
+                    else run(devices[:1], guard=True))
         return tf.cond(
             rows >= len(devices),
-            lambda: run(devices, may_be_empty=False),
-            lambda: run(devices[:1], may_be_empty=True),
+            lambda: run(devices, guard=False),
+            lambda: run(devices[:1], guard=True),
         )
 
     def batch_split(self, batch_size):
