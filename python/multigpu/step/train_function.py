@@ -79,8 +79,8 @@ class Chain:
         model: The model whose train function this is.
         base: The function below the links.
         links: `{name: wrap}`, not empty.
-        known: The chains made over `base` so far (shared by them), so that
-            a set of links made again is the same object.
+        known: The chains over `base` a removal may return to (shared by
+            them), so that a set of links made again is the same object.
     """
 
     __slots__ = ("_model", "base", "links", "_call", "_known")
@@ -121,14 +121,18 @@ def _set(model, function):
 
 
 def _chained(model, base, links, known):
-    """`links` over `base`: a chain of `known` or a new one; `base` if none."""
+    """`links` over `base`: a chain of `known` or a new one; `base` if none.
+
+    `known` keeps the chains a removal may return to: those whose links
+    are among the new chain's.
+    """
     if not links:
         return base
-    for chain in known:
-        if chain.links == links:
-            return chain
-    chain = Chain(model, base, links, known)
-    known.append(chain)
+    chain = next((c for c in known if c.links == links), None)
+    if chain is None:
+        chain = Chain(model, base, links, known)
+        known.append(chain)
+    known[:] = [c for c in known if c.links.items() <= links.items()]
     return chain
 
 
