@@ -46,7 +46,14 @@ until a callback registers the same name again or Keras makes a new train
 function.
 
 Example:
->>> train_function.link(model, "monitor", monitor.timed)
+>>> def timed(inner):
+...     def train(iterator):
+...         start = time.perf_counter()
+...         logs = inner(iterator)
+...         seconds.append(time.perf_counter() - start)
+...         return logs
+...     return train
+>>> train_function.link(model, "monitor", timed)
 >>> train_function.links(model)
 ('monitor',)
 >>> train_function.unlink(model, "monitor")
@@ -174,7 +181,7 @@ def link(model, name, wrap):
             train function.
 
     Example:
-    >>> train_function.link(model, "resume", callback.skipping)
+    >>> train_function.link(model, "guard", Reporting(record, position))
     """
     _check_name(name)
     current = model.train_function
