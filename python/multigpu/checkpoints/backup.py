@@ -11,6 +11,7 @@ from multigpu.checkpoints import atomic, epochs, listing, resume
 from multigpu.checkpoints.arguments import check_save_freq
 from multigpu.checkpoints.lock import writes_checkpoints
 from multigpu.messages import literal
+from multigpu.step import train_function as chain
 
 
 class AtomicBackupAndRestore(keras.callbacks.Callback):
@@ -99,11 +100,8 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         internals.set_initial_epoch(self.model, self._current_epoch)
         self.position.skip = int(state.get("steps", 0))
         self._resumed_epoch = self._current_epoch
-        train_function = getattr(self.model, "train_function", None)
-        if self.position.skip and train_function is not None:
-            self.model.train_function = resume.skipping_train_function(
-                getattr(train_function, "skipped_function", train_function),
-                self.model, self.position)
+        if self.position.skip:
+            chain.link(self.model, "resume", self._skipping)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
@@ -131,12 +129,14 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         self._save()
 
     def on_train_end(self, logs=None):
-        train_function = getattr(self.model, "train_function", None)
-        original = getattr(train_function, "skipped_function", None)
-        if original is not None:
-            self.model.train_function = original
+        chain.unlink(self.model, "resume")
         if self.writer_lock is not None:
             self.writer_lock.release()
+
+    def _skipping(self, train_function):
+        """The `"resume"` link: the resumed epoch's trained batches only draw."""
+        return resume.skipping_train_function(train_function, self.model,
+                                              self.position)
 
     def _warn_if_not_replayable(self):
         """Warns once when the followed data cannot be replayed exactly."""

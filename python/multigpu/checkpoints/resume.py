@@ -49,19 +49,20 @@ def skipping_train_function(train_function, model, position):
 
     Keras's `fit` (and `fit_distributed`) call `model.train_function` once
     per step with the data iterator; the wrapper draws the step's batches
-    and returns no logs while `position.skip` is positive.
+    and returns no logs while `position.skip` is positive. The backup
+    callback makes it the `"resume"` link of the train function
+    (`multigpu.step.train_function`).
 
     Args:
-        train_function: The model's train function.
+        train_function: The train function to wrap.
         model: The model (its `steps_per_execution` batches make a step).
         position: The `ResumePosition` to count down.
 
     Returns:
-        A function of the iterator; `.skipped_function` is the original.
+        A function of the iterator.
 
     Example:
-    >>> model.train_function = skipping_train_function(
-    ...     model.train_function, model, position)
+    >>> skipping = skipping_train_function(train, model, position)
     """
 
     def train(iterator):
@@ -75,7 +76,6 @@ def skipping_train_function(train_function, model, position):
         position.skipped = False
         return train_function(iterator)
 
-    train.skipped_function = train_function
     return train
 
 

@@ -2,16 +2,17 @@
 
 Keras 3's `model.fit` fails under `tf.distribute.MultiWorkerMirroredStrategy`
 ("Attempt to convert a value (PerReplica...) to a Tensor"). This loop runs
-the compiled model's own `train_step` (its optimizer, loss and metrics) in
+the compiled model's training step (its optimizer, loss and metrics) in
 every replica with `strategy.run`, reads the metrics aggregated over every
 replica of every worker, and drives ordinary Keras callbacks, so it returns
 the same `keras.callbacks.History` as `fit`. It works under any strategy:
-multi-worker, mirrored, or none. Each replica's gradient is weighted by its
-share of the rows (`weighted_by_rows`), so a batch that does not split
-evenly between the replicas trains as on one device.
+multi-worker, mirrored, or none. Keras's step is run with each replica's
+gradient weighted by its share of the rows
+(`multigpu.step.train_step.weighted_by_rows`), so a batch that does not
+split evenly between the replicas trains as on one device; a model whose
+class has a `train_step` of its own trains by it (the mirrored engine's
+weighs the rows itself).
 """
-
-import contextlib
 
 import keras
 import numpy as np
@@ -23,6 +24,8 @@ from multigpu.checkpoints.backup import AtomicBackupAndRestore
 from multigpu.distribute import inputs
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.messages import api, literal, setting
+from multigpu.step import train_function as chain
+from multigpu.step import train_step as training_step
 
 
 def _check_model(model):
@@ -118,81 +121,37 @@ def _build(model, strategy, dataset):
                 model.optimizer.build(model.trainable_variables)
 
 
-def weighted_by_rows(loss, rows):
-    """A replica's loss whose gradient weighs the replica's rows as one device.
+def _replica_step(model):
+    """The step every replica runs: the model's own, or Keras's weighing rows.
 
-    Under a strategy every replica averages the loss over its own rows and
-    the replicas' gradients are summed (Keras divides each loss by the
-    number of replicas), which weights the rows of a smaller share more: a
-    batch of 10 on 4 replicas splits 3/3/2/2. The gradient of replica r is
-    rescaled by `rows_r * replicas / rows_total`, making the summed gradient
-    that of the mean over all rows; the loss value (and so the reported
-    loss) is unchanged. Costs one all-reduce of a scalar per step.
-
-    Args:
-        loss: The replica's loss, as Keras's `compute_loss` returns it.
-        rows: The number of rows of the replica's share of the batch.
-
-    Returns:
-        `loss` itself outside a replica context of several replicas;
-        otherwise a tensor of the same value whose gradient is rescaled.
+    A model whose class defines its own `train_step` trains by it. Keras's
+    (`keras.Model.train_step`) is run as `training_step.train_step`, which
+    weighs each replica's gradient by its share of the rows
+    (`training_step.weighted_by_rows`) and calls the model's
+    `compute_loss`, its own one included.
     """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
-        return loss
-    local = tf.cast(rows, loss.dtype)
-    total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-    factor = local * context.num_replicas_in_sync / tf.maximum(total, 1.0)
-    return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
+    if type(model).train_step is not keras.Model.train_step:
+        return model.train_step
 
+    def train_step(data):
+        return training_step.train_step(model, data, weigh_rows=True)
 
-def _rows_of(x, y_pred):
-    first = keras.tree.flatten(y_pred if y_pred is not None else x)[0]
-    return tf.shape(first)[0]
-
-
-@contextlib.contextmanager
-def _losses_weighted_by_rows(model):
-    """`model.compute_loss` in training goes through `weighted_by_rows`.
-
-    `train_step` (the model's own, Keras's or a subclass's) computes its
-    loss with `compute_loss`; for the block, an instance attribute wraps it.
-    A model whose `compute_loss` weighs the rows itself
-    (`weighs_rows_exactly`, the mirrored engine's) is left alone.
-    """
-    if getattr(model, "weighs_rows_exactly", False):
-        yield
-        return
-    compute_loss = model.compute_loss
-    own = "compute_loss" in vars(model)
-
-    def weighted(x=None, y=None, y_pred=None, sample_weight=None, **kwargs):
-        loss = compute_loss(x, y, y_pred, sample_weight, **kwargs)
-        if loss is None or not kwargs.get("training", True):
-            return loss
-        return weighted_by_rows(loss, _rows_of(x, y_pred))
-
-    model.compute_loss = weighted
-    try:
-        yield
-    finally:
-        if own:
-            model.compute_loss = compute_loss
-        else:
-            del model.compute_loss
+    return train_step
 
 
 def _train_function(model, strategy):
     """A train function over an iterator, as Keras's `model.train_function`.
 
-    Taking the iterator (not the batch) lets callbacks wrap it as they wrap
-    Keras's own: the checkpoint callbacks skip, on resume, the batches of
-    the interrupted epoch that were already trained.
+    Taking the iterator (not the batch) lets the links of the train
+    function (`multigpu.step.train_function`) wrap it as they wrap Keras's
+    own: the checkpoint callbacks skip, on resume, the batches of the
+    interrupted epoch that were already trained.
     """
+    replica_step = _replica_step(model)
 
     @tf.function(reduce_retracing=True)
     def step(batch):
-        strategy.run(model.train_step, args=(batch,))
+        strategy.run(replica_step, args=(batch,))
 
     def train_function(iterator):
         step(next(iterator))
@@ -240,15 +199,17 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
                     callbacks=None, initial_epoch=0):
     """Trains a compiled model with `strategy.run`; a `fit` for any strategy.
 
-    Every step runs `model.train_step` (the compiled optimizer, loss and
-    metrics) on each replica's share of the global batch; gradients are
-    all-reduced across all replicas of all workers, so every worker ends
-    with the same weights. Each replica's gradient is weighted by its share
-    of the rows (see `weighted_by_rows`): a final batch that does not split
-    evenly between the replicas trains as on one device, where Keras's
-    `fit` under a strategy weights the rows of smaller shares more. Use it under `multi_worker_strategy()`, where
-    Keras 3's `model.fit` fails; it also works under `mirrored_strategy()`
-    and without a strategy.
+    Every step runs Keras's training step (the compiled optimizer, loss and
+    metrics; the model's own `train_step` if its class has one) on each
+    replica's share of the global batch; gradients are all-reduced across
+    all replicas of all workers, so every worker ends with the same
+    weights. Keras's step weighs each replica's gradient by its share of
+    the rows (see `multigpu.step.train_step.weighted_by_rows`): a final
+    batch that does not split evenly between the replicas trains as on one
+    device, where Keras's `fit` under a strategy weights the rows of
+    smaller shares more. The model is not changed for the run. Use it
+    under `multi_worker_strategy()`, where Keras 3's `model.fit` fails; it
+    also works under `mirrored_strategy()` and without a strategy.
 
     Args:
         model: A `keras.Model` built and compiled under the strategy's scope.
@@ -297,10 +258,8 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
         verbose=verbose, epochs=epochs, steps=steps, model=model,
     )
     model.stop_training = False
-    keras_train_function = model.train_function
-    model.train_function = _train_function(model, strategy)
     try:
-        with _losses_weighted_by_rows(model):
+        with chain.based_on(model, _train_function(model, strategy)):
             callback_list.on_train_begin()
             # BackupAndRestore announces the epoch to resume at, as in `fit`.
             initial_epoch = internals.initial_epoch(model) or initial_epoch
@@ -314,5 +273,4 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
         raise explained from error
     finally:
         internals.set_initial_epoch(model, None)
-        model.train_function = keras_train_function
     return model.history

@@ -20,6 +20,7 @@ from multigpu.engines import compiled
 from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
 from multigpu.messages import setting
 from multigpu.step import nonfinite as finite
+from multigpu.step import train_function as chain
 from multigpu.step import train_step as training_step
 
 
@@ -283,7 +284,8 @@ class _FitInputs:
     `TemplateBacked.fit` frees it when `fit` raises (`release`), so that it
     is not freed later by a garbage collection, when freeing it can wait
     for its tf.data threads (docs/ci.md). Held by the model; the train
-    function's wrapper (`watching`) refers to this object, not the model.
+    function's `"watch"` link (`watching`) refers to this object, not the
+    model.
     """
 
     def __init__(self):
@@ -292,6 +294,16 @@ class _FitInputs:
     def seen(self, iterator):
         if self.calls:
             self.calls[-1][:] = [iterator]
+
+    def watching(self, inner):
+        """`inner` (a train function), telling this object its iterator."""
+
+        def train(*args, **kwargs):
+            if args:
+                self.seen(args[0])
+            return inner(*args, **kwargs)
+
+        return train
 
     @contextlib.contextmanager
     def freed_on_failure(self, model):
@@ -308,17 +320,6 @@ class _FitInputs:
         finally:
             seen.clear()
             self.calls.remove(seen)
-
-
-def watching(train_function, fit_inputs):
-    """`train_function`, telling `fit_inputs` which iterator it was given."""
-
-    def train(*args, **kwargs):
-        if args:
-            fit_inputs.seen(args[0])
-        return train_function(*args, **kwargs)
-
-    return train
 
 
 class TemplateBacked:
@@ -361,7 +362,7 @@ class TemplateBacked:
         value = finite.check_finite_flag(value)
         if value != self.check_finite:
             # The check is traced into the step function: trace it again.
-            self.train_function = None
+            chain.discard(self)
         self._check_finite = value
 
     def train_step(self, data):
@@ -378,16 +379,23 @@ class TemplateBacked:
             list(self.output_names), internals.untracked(self, "_accumulation"))
 
     def make_train_function(self, force=False):
-        self._guard()  # its variables exist before the step is traced
-        super().make_train_function(force)
-        function = self.train_function
-        if function is not None and not getattr(function, "multigpu_wrapped",
-                                                False):
-            function = watching(function, self._fit_inputs())
-            if self.check_finite:
-                function = finite.reporting(function, *self._guard())
-            function.multigpu_wrapped = True
-            self.train_function = function
+        """Keras's train function, with this model's links.
+
+        The `"watch"` link (`_FitInputs.watching`) and, when
+        `check_finite` is on, the `"guard"` link (`finite.Reporting`) of
+        `multigpu.step.train_function`; a forced remake keeps the other
+        links.
+        """
+        guard = self._guard()  # its variables exist before the step is traced
+        with chain.keeping_links(self):
+            super().make_train_function(force)
+        if self.train_function is None:
+            return None
+        chain.link(self, "watch", self._fit_inputs().watching)
+        if self.check_finite:
+            chain.link(self, "guard", finite.Reporting(*guard))
+        else:
+            chain.unlink(self, "guard")
         return self.train_function
 
     def _guard(self):
@@ -423,9 +431,11 @@ class TemplateBacked:
         args, kwargs = with_callbacks(self, args, kwargs,
                                       [position, *self.fit_callbacks()])
         # A failed `fit` frees its input iterator before it raises (see
-        # `_FitInputs`): nothing waits on it later.
+        # `_FitInputs`): nothing waits on it later. The links its callbacks
+        # registered on the train function go with it (`chain.fitting`).
         try:
-            with self._fit_inputs().freed_on_failure(self):
+            with (self._fit_inputs().freed_on_failure(self),
+                  chain.fitting(self)):
                 return inputs.checked_call(self, "fit", super().fit, args,
                                            kwargs)
         finally:

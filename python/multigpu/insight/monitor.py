@@ -7,8 +7,9 @@ device, the efficiency (speed-up per device) and a warning when one device
 would be faster.
 
 How the time is measured. Keras's `fit` calls `model.train_function` once
-per step; the monitor wraps it at `on_train_begin` (and restores it at
-`on_train_end`), so it sees when each step starts and returns and nothing
+per step; the monitor registers its `"monitor"` link of the train function
+(`multigpu.step.train_function`) at `on_train_begin` and removes it at
+`on_train_end`, so it sees when each step starts and returns and nothing
 else changes. Its own per-step cost is two clock reads and three list
 appends, published in docs/benchmarks.md.
 """
@@ -24,6 +25,7 @@ import tensorflow as tf
 from multigpu import arguments, messages
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.insight import scaling
+from multigpu.step import train_function as chain
 from multigpu.variables import variable_bytes
 
 SUMMARY_KEYS = (
@@ -148,10 +150,13 @@ class ScalingMonitor(keras.callbacks.Callback):
                 f"{messages.literals(sorted(scaling.LINKS))}.")
         self.link = link
         self.warn = arguments.check_flag("warn", warn)
+        self._starts, self._ends, self._epochs = [], [], []
         self._reset()
 
     def _reset(self):
-        self._starts, self._ends, self._epochs = [], [], []
+        # Emptied, not replaced: the link made by `_timed` holds these.
+        for values in (self._starts, self._ends, self._epochs):
+            values.clear()
         self._epoch = 0
         self._rows = None
         self._baseline_seconds = None
@@ -159,15 +164,13 @@ class ScalingMonitor(keras.callbacks.Callback):
         self._baseline_problem = None
         self._warned = False
         self._devices, self._engine = [], None
-        self._original = None
 
     # --- Keras hooks -------------------------------------------------------
 
     def on_train_begin(self, logs=None):
         self._reset()
         self._devices, self._engine = _devices_and_engine(self.model)
-        self._original = self.model.train_function
-        self.model.train_function = self._timed(self._original)
+        chain.link(self.model, "monitor", self._timed)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -176,13 +179,13 @@ class ScalingMonitor(keras.callbacks.Callback):
         self._maybe_warn(final=False)
 
     def on_train_end(self, logs=None):
-        if getattr(self.model.train_function, "monitored_function", None) is self._original:
-            self.model.train_function = self._original
+        chain.unlink(self.model, "monitor")
         self._maybe_warn(final=True)
 
     # --- measuring ---------------------------------------------------------
 
     def _timed(self, original):
+        """The `"monitor"` link: `original`, timed."""
         clock = time.perf_counter
         starts, ends, epochs = self._starts, self._ends, self._epochs
 
@@ -195,7 +198,6 @@ class ScalingMonitor(keras.callbacks.Callback):
             epochs.append(self._epoch)
             return logs
 
-        train.monitored_function = original
         return train
 
     def _first_step(self, original, iterator):

@@ -12,8 +12,9 @@ forward pass runs beside the check (`multigpu.step.stateless`). On a bad batch
 each replica's bad share goes into the model's `Record` (`kept`) before
 the assertion fails, and nothing is written (BatchNormalization's
 statistics, Dropout's seed, the weights, the optimizer, the metrics). The
-train function then raises a `NonFiniteInputError` from the record
-(`reporting`), naming the epoch and batch (kept by a `Position` callback),
+train function then raises a `NonFiniteInputError` from the record (its
+`Reporting` link, `multigpu.step.train_function`), naming the epoch and
+batch (kept by a `Position` callback),
 the input (`x`, `y` or `sample_weight`, and which named input or output),
 how many NaN and inf values it had and in which rows (counted in NumPy).
 Under a strategy the replicas' updates wait for one verdict, so no
@@ -34,9 +35,6 @@ from multigpu import internals
 from multigpu.arguments import check_flag
 from multigpu.messages import current_language, literal
 
-# The key of the guarded step's logs that carries `Record.taken` to the
-# train function's caller (`reporting` takes it out).
-STATUS = "_multigpu_nonfinite_taken"
 # The guard's assertion's message, as TensorFlow logs it on a bad batch.
 ASSERTION = ("multigpu: non-finite training data; the NonFiniteInputError "
              "raised next names the batch and the input")
@@ -190,10 +188,10 @@ class Record:
     `found` has one copy per replica (synchronised on read): empty, or the
     layout's index and the `kept` share of a failed step. With several
     steps per call of the train function, `taken` counts the steps that
-    passed the check, and the step returns it in its logs (`STATUS`), so
-    that the error names the failed one. The training step writes them
-    (`noted` in each replica, then `asserted`); `found_error` reads them
-    only after a call failed.
+    passed the check, and `Reporting` notes it after each call
+    (`note_call`), so that the error names the failed step of a call. The
+    training step writes them (`noted` in each replica, then `asserted`);
+    `found_error` reads them only after a call failed.
 
     Args:
         strategy: The model's distribution strategy (the variables are
@@ -212,8 +210,10 @@ class Record:
                 aggregation=tf.VariableAggregation.NONE)
         self.layouts = []
         # Whether the traced step counts (`steps_per_execution` > 1), and
-        # `taken` when the train function's current call started: the
-        # previous call's `STATUS` (a tensor, read only after a failure).
+        # `taken` when the train function's current call started (a
+        # tensor, read only after a failure). Only counting steps change
+        # `taken`, and `note_call` follows every call of one, so the value
+        # noted after the last such call holds until the next.
         self.counting = False
         self.taken_before = 0
 
@@ -260,19 +260,26 @@ class Record:
             counting: Whether to count the step (several steps per call).
 
         Returns:
-            `(passed, taken)`: True once the assertion passed, and `taken`
-            counting this step (None when not `counting`).
+            True once the assertion passed (and, when `counting`, `taken`
+            counts this step).
         """
         self.counting = counting
         every = oks[0] if len(oks) == 1 else tf.reduce_all(tf.stack(oks))
         assertion = tf.debugging.Assert(every, [ASSERTION])
         with tf.control_dependencies([assertion]):
-            passed = tf.identity(every)
             if not counting:
-                return passed, None
+                return tf.identity(every)
             counted = self.taken.assign_add(1, read_value=False)
         with tf.control_dependencies([counted]):
-            return passed, tf.identity(self.taken.read_value())
+            return tf.identity(every)
+
+    def note_call(self):
+        """Notes `taken` after a call of the train function (counting steps).
+
+        The next call's steps are counted from it: a failed call's offset
+        is `taken` then minus this.
+        """
+        self.taken_before = self.taken.read_value()
 
     def found_error(self, position):
         """The failed step's `NonFiniteInputError`, or None if none failed.
@@ -296,8 +303,7 @@ class Record:
         offset = 0
         if self.counting:
             # The failed step is not counted; the call's steps before it are.
-            taken = int(self.taken.numpy())
-            offset, self.taken_before = taken - int(self.taken_before), taken
+            offset = int(self.taken.numpy()) - int(self.taken_before)
         leaves = self.layouts[int(next(s[0] for s in shares if s.size))]
         clean = [(0, 0, np.zeros([0], np.int64))] * len(leaves)
         counts = [_counts(share[1:], len(leaves)) if share.size else clean
@@ -416,38 +422,53 @@ class Position(keras.callbacks.Callback):
         return self.epoch, self.batch + offset
 
 
-def reporting(train_function, record, position):
-    """Wraps a train function: a bad batch raises `NonFiniteInputError`.
+@dataclasses.dataclass(frozen=True)
+class Reporting:
+    """The guard's link of a model's train function: a bad batch raises.
 
-    The guard's assertion fails the call on a bad batch; its
+    Registered as the `"guard"` link (`multigpu.step.train_function`). The
+    guard's assertion fails the call on a bad batch; its
     `InvalidArgumentError` becomes the `NonFiniteInputError` the record
-    describes. Other errors pass through.
+    describes. Other errors pass through. Two `Reporting`s of the same
+    record and position are equal, so registering one again changes
+    nothing.
 
-    Args:
-        train_function: The model's `train_function`.
+    Attributes:
         record: The model's `Record`, which its training step writes.
         position: The model's `Position` callback.
 
-    Returns:
-        A function of the same arguments.
+    Example:
+    >>> train_function.link(model, "guard", Reporting(record, position))
     """
 
-    def train(*args, **kwargs):
-        found = None
-        try:
-            logs = dict(train_function(*args, **kwargs))
-        except tf.errors.InvalidArgumentError:
-            found = record.found_error(position)
-            if found is None:
-                raise
-        if found is not None:
+    record: Record
+    position: Position
+
+    def __call__(self, train_function):
+        """`train_function`, raising `NonFiniteInputError` on a bad batch.
+
+        Args:
+            train_function: The train function below the link.
+
+        Returns:
+            A function of the same arguments.
+        """
+        record, position = self.record, self.position
+
+        def train(*args, **kwargs):
+            found = None
+            try:
+                return train_function(*args, **kwargs)
+            except tf.errors.InvalidArgumentError:
+                found = record.found_error(position)
+                if found is None:
+                    raise
+            finally:
+                if record.counting:
+                    record.note_call()
             # Raised here, not in the `except` block: TensorFlow's error,
             # its context, would keep the frames of the failed call, and
             # with them the input iterator, alive as long as this error.
             raise found
-        if STATUS in logs:
-            record.taken_before = logs.pop(STATUS)
-        return logs
 
-    train.reports_nonfinite = True
-    return train
+        return train

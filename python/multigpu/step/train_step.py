@@ -14,7 +14,7 @@ loss and its tracker, the gradients, the update and the metrics, as
   write is captured and written after the verdict. A bad batch thus
   writes nothing (BatchNormalization's statistics, Dropout's seed, the
   weights, the optimizer, the metrics). The train function then raises
-  `finite.NonFiniteInputError` from the record (`finite.reporting`). A
+  `finite.NonFiniteInputError` from the record (`finite.Reporting`). A
   batch with no floating-point tensor (integer tokens and labels) has
   nothing to check, and its step is Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
@@ -36,6 +36,7 @@ Example:
 ...         return train_step(self, data, record=self.record)
 """
 
+import inspect
 import warnings
 
 import keras
@@ -61,7 +62,7 @@ def _verdict(ok, checked, record, layout, counting):
         counting: Whether to count the step (several steps per call).
 
     Returns:
-        `record.asserted`'s `(passed, taken)`, the same in every replica.
+        `record.asserted`'s verdict, the same in every replica.
     """
     ok = record.noted(ok, checked, layout)
 
@@ -93,11 +94,12 @@ def _accumulated(model, grads, variables, accumulation):
 
 
 def train_step(model, data, record=None, input_names=(), output_names=(),
-               accumulation=None):
+               accumulation=None, weigh_rows=False):
     """One training step of an engine's `model` on its share of `data`.
 
     Args:
-        model: A compiled model of an engine (`TemplateBacked`).
+        model: A compiled model of an engine (`TemplateBacked`), or any
+            compiled model whose step is Keras's (`fit_distributed`).
         data: The batch (a replica's share under a strategy): `x`,
             `(x, y)` or `(x, y, sample_weight)`.
         record: The model's `finite.Record`, or None to train without the
@@ -106,11 +108,11 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
         output_names: The model's output names.
         accumulation: Under a strategy (the mirrored engine), the model's
             `accumulation.Accumulation`, or None.
+        weigh_rows: Whether the loss's gradient weighs the replica's rows
+            as one device does (`weighted_by_rows`).
 
     Returns:
-        The logs, as `keras.Model.train_step` returns them (with the
-        record's step count under `finite.STATUS` when `record` is given
-        and the model takes several steps per call).
+        The logs, as `keras.Model.train_step` returns them.
 
     Example:
     >>> def train_step(self, data):
@@ -121,19 +123,48 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
         x, y, sample_weight, input_names, output_names)
     if not leaves:
         # Unguarded, or nothing to check (integer tokens and labels).
-        return _step(model, x, y, sample_weight, accumulation)
+        return _step(model, x, y, sample_weight, accumulation, weigh_rows)
     checked = [t for _, t in leaves]
     # With one step per call, a failed call names its first step: nothing
     # to count.
     counting = (getattr(model, "steps_per_execution", 1) or 1) > 1
-    logs, taken = _guarded_step(model, x, y, sample_weight, accumulation,
-                                checked, record, record.layout(leaves),
-                                counting)
-    return logs if taken is None else {**logs, finite.STATUS: taken}
+    return _guarded_step(model, x, y, sample_weight, accumulation, checked,
+                         record, record.layout(leaves), counting, weigh_rows)
+
+
+def weighted_by_rows(loss, rows):
+    """A replica's loss whose gradient weighs the replica's rows as one device.
+
+    Under a strategy every replica averages the loss over its own rows and
+    the replicas' gradients are summed (Keras divides each loss by the
+    number of replicas), which weights the rows of a smaller share more: a
+    batch of 10 on 4 replicas splits 3/3/2/2. The gradient of replica r is
+    rescaled by `rows_r * replicas / rows_total`, making the summed gradient
+    that of the mean over all rows; the loss value (and so the reported
+    loss) is unchanged. Costs one all-reduce of a scalar per step.
+
+    Args:
+        loss: The replica's loss, as Keras's `compute_loss` returns it.
+        rows: The number of rows of the replica's share of the batch.
+
+    Returns:
+        `loss` itself outside a replica context of several replicas;
+        otherwise a tensor of the same value whose gradient is rescaled.
+
+    Example:
+    >>> loss = weighted_by_rows(loss, tf.shape(y_pred)[0])
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return loss
+    local = tf.cast(rows, loss.dtype)
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+    factor = local * context.num_replicas_in_sync / tf.maximum(total, 1.0)
+    return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
 
 
 def _guarded_step(model, x, y, sample_weight, accumulation, checked,
-                  record, layout, counting):
+                  record, layout, counting, weigh_rows):
     """Keras's step with its writes waiting for the NaN/inf verdict (traced).
 
     The forward pass, the loss and the gradients run on the variables'
@@ -143,8 +174,7 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
     the verdict: a bad batch writes nothing.
 
     Returns:
-        `(logs, taken)`: the logs, and `record.asserted`'s step count (or
-        None).
+        The logs.
     """
     ok = finite.check(checked)
     eager = tf.executing_eagerly()
@@ -152,12 +182,13 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
         # Run eagerly (`run_eagerly=True`), ops run in the program's order
         # and `casts_of_finite` sees no graph: the verdict comes first, so
         # that a NaN read as an index fails the guard's way.
-        passed, taken = _verdict(ok, checked, record, layout, counting)
+        passed = _verdict(ok, checked, record, layout, counting)
     variables = _trainable(model)
     scope = stateless.StepScope(variables, model.non_trainable_variables)
     with scope, stateless.casts_of_finite():
         y_pred, loss, grads = _loss_and_gradients(
-            model, x, y, sample_weight, scope.trainable_values, watch=True)
+            model, x, y, sample_weight, scope.trainable_values, weigh_rows,
+            watch=True)
 
     if not eager:
         if tf.distribute.has_strategy():
@@ -170,20 +201,19 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
                     if t is not None]
             with tf.control_dependencies(done):
                 ok = tf.identity(ok)
-        passed, taken = _verdict(ok, checked, record, layout, counting)
+        passed = _verdict(ok, checked, record, layout, counting)
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
         _update(model, grads, variables, accumulation)
-        logs = _track(model, x, y, y_pred, sample_weight, loss)
-    return logs, taken
+        return _track(model, x, y, y_pred, sample_weight, loss)
 
 
-def _step(model, x, y, sample_weight, accumulation):
+def _step(model, x, y, sample_weight, accumulation, weigh_rows):
     """Keras's step: forward, loss, gradients, update, metrics (traced)."""
     variables = _trainable(model)
     y_pred, loss, grads = _loss_and_gradients(model, x, y, sample_weight,
-                                              variables)
+                                              variables, weigh_rows)
     _update(model, grads, variables, accumulation)
     return _track(model, x, y, y_pred, sample_weight, loss)
 
@@ -198,13 +228,15 @@ def _trainable(model):
     return variables
 
 
-def _loss_and_gradients(model, x, y, sample_weight, sources, watch=False):
+def _loss_and_gradients(model, x, y, sample_weight, sources, weigh_rows,
+                        watch=False):
     """The forward pass, the loss and its gradients over `sources` (traced).
 
     Args:
         sources: The trainable variables, or the values standing for them
             in a `stateless.StepScope` (tensors, which the tape must be
             told to watch: `watch=True`).
+        weigh_rows: Whether the loss goes through `weighted_by_rows`.
 
     Returns:
         `(y_pred, loss, grads)`.
@@ -212,13 +244,35 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, watch=False):
     with tf.GradientTape() as tape:
         if watch:
             tape.watch(sources)
-        y_pred = model(x, training=True)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred,
-                                  sample_weight=sample_weight, training=True)
+        # A `call` without `training` is called without it, as Keras's
+        # step does (its layers then take their own default).
+        y_pred = (model(x, training=True) if _takes_training(model.call)
+                  else model(x))
+        loss = _compute_loss(model, x, y, y_pred, sample_weight)
+        if weigh_rows and loss is not None:
+            first = keras.tree.flatten(y_pred if y_pred is not None else x)[0]
+            loss = weighted_by_rows(loss, tf.shape(first)[0])
         scaled = (loss if model.optimizer is None
                   else model.optimizer.scale_loss(loss))
     grads = tape.gradient(scaled, sources) if sources else []
     return y_pred, loss, _zero_when_no_rows(grads, x)
+
+
+def _takes_training(method):
+    """Whether `method` has a `training` argument (Keras's test of it)."""
+    return "training" in inspect.signature(method).parameters
+
+
+def _compute_loss(model, x, y, y_pred, sample_weight):
+    """`model.compute_loss` in training (traced).
+
+    A `compute_loss` without a `training` argument (Keras's signature
+    before 3.3, kept by some subclasses) is called without it, as Keras's
+    own step calls it.
+    """
+    if _takes_training(model.compute_loss):
+        return model.compute_loss(x, y, y_pred, sample_weight, training=True)
+    return model.compute_loss(x, y, y_pred, sample_weight)
 
 
 def _zero_when_no_rows(grads, x):

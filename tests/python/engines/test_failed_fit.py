@@ -18,6 +18,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
+from multigpu.step import train_function as chain
 from multigpu.step.nonfinite import NonFiniteInputError
 from support.models import RaisesAtSecondBatch
 
@@ -84,14 +85,17 @@ def test_a_failed_fit_frees_its_tf_data_iterator_before_it_raises(
     x, y = _data(rng)
     parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
     handles = []
-    train_function = parallel.train_function
 
-    def watched(iterator):
-        handles[:] = [weakref.ref(h) for h in _tf_data_handles(iterator)]
-        return train_function(iterator)
+    def watched(train_function):
+        def train(iterator):
+            handles[:] = [weakref.ref(h) for h in _tf_data_handles(iterator)]
+            return train_function(iterator)
 
-    watched.multigpu_wrapped = True  # left as it is by make_train_function
-    parallel.train_function = watched
+        return train
+
+    # A probe in the place of the outermost link: it sees the iterator
+    # `fit` passes (registered before the fit, it outlasts the fit's end).
+    chain.link(parallel, "resume", watched)
     error = _failed_fit(parallel, how, x, y)
     assert handles
     # The error (and its frames) is still alive, as in a session that

@@ -29,7 +29,6 @@ import tensorflow as tf
 
 from multigpu import internals
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.distribute.fit import weighted_by_rows
 from multigpu.distribute.inputs import bound_arguments
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.engines.copies import copy_in_scope
@@ -45,6 +44,7 @@ from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
 from multigpu.messages import literal, setting
 from multigpu.step import accumulation as accumulation_lib
+from multigpu.step import train_step as training_step
 
 
 class _CopyBackEachEpoch(keras.callbacks.Callback):
@@ -474,10 +474,6 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
             keras.layers.Layer.add_loss(self, loss)
         return keras.tree.pack_sequence_as(self.output, flat)
 
-    # `compute_loss` weighs each replica's rows as one device does
-    # (`fit_distributed` leaves it alone).
-    weighs_rows_exactly = True
-
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
         """Keras's loss, with exact gradients for batches split unevenly.
@@ -485,7 +481,7 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
         Under a strategy Keras averages each replica's mean loss, which
         weights the rows of a smaller sub-batch more (a batch of 10 on 4
         replicas splits 3/3/2/2). Each replica's gradient is rescaled by its
-        share of the rows (`distributed.weighted_by_rows`), making the
+        share of the rows (`training_step.weighted_by_rows`), making the
         summed gradient that of the mean over all rows, as on one device;
         the loss value (and so the reported loss) is unchanged.
 
@@ -502,4 +498,4 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
                                     training=training)
         if not training:
             return loss
-        return weighted_by_rows(loss, tf.shape(keras.tree.flatten(y_pred)[0])[0])
+        return training_step.weighted_by_rows(loss, tf.shape(keras.tree.flatten(y_pred)[0])[0])
