@@ -345,7 +345,7 @@ def release_iterator(iterator):
     `tf.distribute` `DistributedIterator` (its workers' multi-device
     iterator and one iterator per device) or a `tf.data` iterator. Freed
     later by a garbage collection, an aged tf.data iterator can wait up to
-    a minute for its autotuning thread (docs/ci.md). The Python objects
+    a minute for its autotuning thread (docs/tf-data-stall.md). The Python objects
     stay where they are, emptied: they are never iterated again.
 
     Args:

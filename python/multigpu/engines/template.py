@@ -19,7 +19,7 @@ from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines import compiled
 from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
 from multigpu.messages import setting
-from multigpu.step import nonfinite as finite
+from multigpu.step import nonfinite
 from multigpu.step import train_function as chain
 from multigpu.step import train_step as training_step
 
@@ -283,7 +283,7 @@ class _FitInputs:
 
     `TemplateBacked.fit` frees it when `fit` raises (`release`), so that it
     is not freed later by a garbage collection, when freeing it can wait
-    for its tf.data threads (docs/ci.md). Held by the model; the train
+    for its tf.data threads (docs/tf-data-stall.md). Held by the model; the train
     function's `"watch"` link (`watching`) refers to this object, not the
     model.
     """
@@ -359,7 +359,7 @@ class TemplateBacked:
 
     @check_finite.setter
     def check_finite(self, value):
-        value = finite.check_finite_flag(value)
+        value = nonfinite.check_finite_flag(value)
         if value != self.check_finite:
             # The check is traced into the step function: trace it again.
             chain.discard(self)
@@ -382,7 +382,7 @@ class TemplateBacked:
         """Keras's train function, with this model's links.
 
         The `"watch"` link (`_FitInputs.watching`) and, when
-        `check_finite` is on, the `"guard"` link (`finite.Reporting`) of
+        `check_finite` is on, the `"guard"` link (`nonfinite.Reporting`) of
         `multigpu.step.train_function`; a forced remake keeps the other
         links.
         """
@@ -393,16 +393,16 @@ class TemplateBacked:
             return None
         chain.link(self, "watch", self._fit_inputs().watching)
         if self.check_finite:
-            chain.link(self, "guard", finite.Reporting(*guard))
+            chain.link(self, "guard", nonfinite.Reporting(*guard))
         else:
             chain.unlink(self, "guard")
         return self.train_function
 
     def _guard(self):
-        """This model's `(finite.Record, finite.Position)`, made once."""
+        """This model's `(nonfinite.Record, nonfinite.Position)`, made once."""
         # Untracked: the record's variables are not the model's state.
         return internals.untracked(self, "_guard_parts", make=lambda: (
-            finite.Record(self.distribute_strategy), finite.Position()))
+            nonfinite.Record(self.distribute_strategy), nonfinite.Position()))
 
     def _fit_inputs(self):
         """This model's `_FitInputs`, made once (kept out of Keras's tracking)."""

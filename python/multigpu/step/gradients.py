@@ -5,7 +5,7 @@ call's gradient function in TensorFlow's process-wide gradient registry
 under a new name (`CustomGradient-<uid>`) and never removes it; the entry
 holds the traced graph and its variables. Every build of a model whose
 train step uses custom gradients (`multi_gpu_model`'s replicas, and
-`ReplicaContext.all_reduce` under a strategy) therefore kept megabytes
+`ReplicaContext.all_reduce` under a strategy) therefore keeps megabytes
 alive for the rest of the process. `gradients_owned_by_ops()` moves the
 entries created while tracing onto the operations they belong to
 (`Operation._gradient_function`, which `tf.gradients` consults before the

@@ -29,8 +29,8 @@ cross-entropy on CPU) rejects with TensorFlow's error instead of the
 guard's. While the pass is traced (`casts_of_finite`), every cast from a
 floating-point to an integer type casts the value with NaN and inf set to
 zero instead: a finite value casts as before, and the index tensors are
-small, so this costs next to nothing (cleaning the whole batch instead
-cost 1-3% of an image model's step).
+small, so this costs next to nothing, where cleaning the whole batch
+costs 1-3% of an image model's step.
 """
 
 import contextlib

@@ -8,13 +8,13 @@ loss and its tracker, the gradients, the update and the metrics, as
 * With the NaN/inf guard on (`model.check_finite`), the batch is checked
   (`multigpu.step.nonfinite`), and every write of the step waits for the verdict:
   a `tf.debugging.Assert` that fails on a bad batch, after its findings
-  were written to the model's `finite.Record`. The forward pass, the loss
+  were written to the model's `nonfinite.Record`. The forward pass, the loss
   and the gradients run beside the check, on the variables' values read at
   the start of the step (`_guarded_step`, `multigpu.step.stateless`): what they
   write is captured and written after the verdict. A bad batch thus
   writes nothing (BatchNormalization's statistics, Dropout's seed, the
   weights, the optimizer, the metrics). The train function then raises
-  `finite.NonFiniteInputError` from the record (`finite.Reporting`). A
+  `nonfinite.NonFiniteInputError` from the record (`nonfinite.Reporting`). A
   batch with no floating-point tensor (integer tokens and labels) has
   nothing to check, and its step is Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
@@ -44,8 +44,7 @@ import tensorflow as tf
 
 from multigpu import internals
 from multigpu.step import gradients as gradients_lib
-from multigpu.step import nonfinite as finite
-from multigpu.step import stateless
+from multigpu.step import nonfinite, stateless
 
 
 def _verdict(ok, checked, record, layout, counting):
@@ -55,9 +54,9 @@ def _verdict(ok, checked, record, layout, counting):
     cross-replica context (a `merge_call`; without a strategy, here).
 
     Args:
-        ok: `finite.check(checked)`.
+        ok: `nonfinite.check(checked)`.
         checked: The replica's checked tensors.
-        record: The model's `finite.Record`.
+        record: The model's `nonfinite.Record`.
         layout: The index of the checked tensors' layout in the record.
         counting: Whether to count the step (several steps per call).
 
@@ -102,9 +101,9 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
             compiled model whose step is Keras's (`fit_distributed`).
         data: The batch (a replica's share under a strategy): `x`,
             `(x, y)` or `(x, y, sample_weight)`.
-        record: The model's `finite.Record`, or None to train without the
+        record: The model's `nonfinite.Record`, or None to train without the
             NaN/inf check.
-        input_names: The model's input names (see `finite.checked_leaves`).
+        input_names: The model's input names (see `nonfinite.checked_leaves`).
         output_names: The model's output names.
         accumulation: Under a strategy (the mirrored engine), the model's
             `accumulation.Accumulation`, or None.
@@ -119,7 +118,7 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     ...     return training_step.train_step(self, data, self._record)
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    leaves = [] if record is None else finite.checked_leaves(
+    leaves = [] if record is None else nonfinite.checked_leaves(
         x, y, sample_weight, input_names, output_names)
     if not leaves:
         # Unguarded, or nothing to check (integer tokens and labels).
@@ -176,7 +175,7 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
     Returns:
         The logs.
     """
-    ok = finite.check(checked)
+    ok = nonfinite.check(checked)
     eager = tf.executing_eagerly()
     if eager:
         # Run eagerly (`run_eagerly=True`), ops run in the program's order

@@ -14,7 +14,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
-from multigpu.step import nonfinite as finite
+from multigpu.step import nonfinite
 from multigpu.step.nonfinite import NonFiniteInputError
 from support.models import ZOO, zoo_batch
 
@@ -163,13 +163,13 @@ def test_only_the_writes_wait_for_the_assertion(rng, engine, monkeypatch):
     import tensorflow as tf
 
     graphs = []
-    asserted = finite.Record.asserted
+    asserted = nonfinite.Record.asserted
 
     def spying(self, oks, counting):
         graphs.append(tf.compat.v1.get_default_graph())
         return asserted(self, oks, counting)
 
-    monkeypatch.setattr(finite.Record, "asserted", spying)
+    monkeypatch.setattr(nonfinite.Record, "asserted", spying)
     model = multigpu.multi_gpu_model(_template(), gpus=DEVICES, engine=engine)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x, y = _batches(rng, 32)
