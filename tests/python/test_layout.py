@@ -346,3 +346,27 @@ def test_classes_on_keras_or_tensorflow_touch_none_of_their_privates():
                             & _foreign_private_names(cls))
                for name, cls, node in classes}
     assert not {name: names for name, names in touched.items() if names}
+
+
+def _imports_tensorflow(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            if any(a.name.split(".")[0] == "tensorflow" for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            if (node.module or "").split(".")[0] == "tensorflow":
+                return True
+    return False
+
+
+# The seam for a second Keras backend: `engines/` itself is Keras code; what
+# runs TensorFlow lives in `engines/tensorflow/`.
+@pytest.mark.parametrize("path", sorted((PACKAGE / "engines").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_backend_neutral_engine_modules_do_not_import_tensorflow(path):
+    assert not _imports_tensorflow(path)
+
+
+def test_the_tensorflow_engines_import_tensorflow():
+    # The check above reads imports that exist: it finds the TensorFlow ones.
+    assert _imports_tensorflow(PACKAGE / "engines" / "tensorflow" / "mirrored.py")

@@ -9,18 +9,16 @@ is a peer module; none imports another.
 
 import warnings
 
-import tensorflow as tf
-
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
 from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines import choice as choice_lib
-from multigpu.engines.copies import check_copy, copy_model
 from multigpu.engines.functional import callable_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateBacked
 from multigpu.engines.tensorflow.mirrored import MirroredModel
+from multigpu.engines.tensorflow.relocation import relocate_to_cpu
 from multigpu.engines.tensorflow.replicate import ParallelModel
 from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm, walk_problem
 from multigpu.messages import api, literal, literals, setting
@@ -77,31 +75,6 @@ def _check_not_parallel(model):
             f"{api('model_parallel')}); its replicas cannot be replicated "
             "again. Pass the model it was built from, its `template`."
         )
-
-
-def relocate_to_cpu(model):
-    """Rebuilds `model` with its variables on the CPU, keeping its weights.
-
-    The weights are copied over, not re-created: re-created weights would
-    lose what the model has learned (keras-team/keras#11313). The copy is
-    `copies.copy_model`'s: a KerasHub task stays a task of its class, a
-    `Lambda` layer of this session is kept as it is, and an adapted
-    preprocessing layer keeps its state. A copy that computes otherwise
-    (state no hand-over carries) is refused (`copies.check_copy`).
-    """
-    fix = (f"Build the model under tf.device('/cpu:0') instead and keep "
-           f"{setting('cpu_relocation', False)}.")
-    try:
-        with tf.device(HOST_DEVICE):
-            clone = copy_model(model)
-    except ValueError as error:
-        raise ValueError(
-            f"Invalid `model` for {setting('cpu_relocation', True)}: {literal(model.name)} cannot "
-            f"be cloned ({error}). {fix}") from None
-    clone.set_weights(model.get_weights())
-    check_copy(model, clone, fix=fix, invalid=(
-        f"Invalid `model` for {setting('cpu_relocation', True)}"))
-    return clone
 
 
 def _warn(choice):
