@@ -113,9 +113,17 @@ def test_the_links_nest_in_one_order_whatever_the_callback_order(
 
 
 def _checked(x, y):
-    """A dataset whose batch with a NaN fails inside the train function."""
+    """A dataset whose batch with a NaN fails inside the train function.
+
+    Without tf.data's autotuning: a plain model's failed `fit` leaves
+    Keras's iterator to the garbage collector, and freeing an iterator with
+    an autotuning thread can wait up to a minute (docs/tf-data-stall.md).
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).map(
-        lambda x, y: (tf.debugging.check_numerics(x, "bad batch"), y))
+        lambda x, y: (tf.debugging.check_numerics(x, "bad batch"), y)
+    ).with_options(options)
 
 
 @pytest.mark.parametrize("monitor_first", [True, False],
