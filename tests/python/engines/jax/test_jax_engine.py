@@ -228,3 +228,16 @@ def test_the_template_variables_are_replicated_on_the_devices():
     assert sharding.is_fully_replicated
     assert {d.id for d in sharding.device_set} == {1, 2}
     assert parallel.devices == ["/device:CPU:1", "/device:CPU:2"]
+
+
+def test_nothing_on_the_jax_path_starts_tensorflow():
+    # TensorFlow is installed (and imported) beside JAX, but training,
+    # evaluating, predicting and saving on JAX never start its runtime.
+    from multigpu import internals
+
+    parallel = compiled(multigpu.multi_gpu_model(normalized_mlp(), gpus=4), "adam")
+    x, y = rows_of(10)
+    parallel.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    parallel.evaluate(x, y, verbose=0)
+    parallel.predict(x, verbose=0)
+    assert not internals.tensorflow_started()
