@@ -97,6 +97,10 @@ class ShardedModel(TemplateWrapper):
         """The 1-D `jax.sharding.Mesh` the batches are split over."""
         return self.template_layer.mesh
 
+    def copy_from_template(self):
+        """Replicates the template's weights (loaded, say) on every device again."""
+        mesh_lib.replicate_variables(self.template.variables, self.mesh)
+
     @property
     def sync_batchnorm(self):
         """Always True: BatchNormalization sees the whole batch's statistics."""

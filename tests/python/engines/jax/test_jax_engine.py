@@ -182,6 +182,13 @@ def test_the_saved_file_is_the_template_and_loads_with_keras(tmp_path):
     assert not isinstance(loaded, ShardedModel) and loaded.name == template.name
     np.testing.assert_allclose(loaded.predict(x, verbose=0),
                                parallel.predict(x, verbose=0), atol=TOLERANCE)
+    weights = tmp_path / "model.weights.h5"
+    parallel.save_weights(weights)
+    fresh = multigpu.multi_gpu_model(normalized_mlp(), gpus=4)
+    fresh.load_weights(weights)
+    assert fresh.template.trainable_variables[0].value.sharding.is_fully_replicated
+    np.testing.assert_allclose(fresh.predict(x, verbose=0),
+                               parallel.predict(x, verbose=0), atol=TOLERANCE)
 
 
 def test_the_template_compiles_alike_and_evaluates_alone():
