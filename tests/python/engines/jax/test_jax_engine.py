@@ -54,6 +54,7 @@ def test_the_backend_is_jax_with_four_devices():
 
 
 def test_devices_resolve_in_the_same_forms():
+    multigpu.devices.STATE.reset()  # the warning is given once per process
     with pytest.warns(UserWarning, match="No GPU found"):
         assert multigpu.resolve_devices(2) == ["/device:CPU:0", "/device:CPU:1"]
     assert multigpu.resolve_devices(["/cpu:1", "cpu:3"]) == [
@@ -248,3 +249,14 @@ def test_nothing_on_the_jax_path_starts_tensorflow():
     parallel.evaluate(x, y, verbose=0)
     parallel.predict(x, verbose=0)
     assert not internals.tensorflow_started()
+
+
+def test_every_device_by_default_and_the_data_checked_as_on_tensorflow():
+    multigpu.devices.STATE.reset()  # the warning is given once per process
+    with pytest.warns(UserWarning, match="No GPU found"):
+        parallel = multigpu.multi_gpu_model(normalized_mlp())
+    assert parallel.devices == [f"/device:CPU:{i}" for i in range(4)]
+    compiled(parallel, "sgd")
+    x, y = rows_of(10)
+    with pytest.raises(ValueError, match="Invalid `batch_size`"):
+        parallel.fit(x, y, batch_size=-1, verbose=0)
