@@ -1,7 +1,11 @@
 """multi_gpu_model on the JAX backend: the template's numbers, split by XLA.
 
-Run with `KERAS_BACKEND=jax` (this folder's conftest skips them otherwise);
-the root conftest gives JAX 4 CPU devices.
+Keras chooses its backend once, at import, and JAX fixes its number of CPU
+devices when it starts: these tests need a pytest process started with
+`KERAS_BACKEND=jax` (`make test-python-jax`), where the root conftest gives
+JAX 4 CPU devices. In any other process they are skipped, saying so. (A
+conftest.py of this folder's own would replace the root one as the module
+`conftest`, which other tests import from.)
 """
 
 import jax
@@ -18,6 +22,12 @@ from support.models import copy_of
 # whose order differs across devices: relative (as the TensorFlow engines'
 # tests).
 TOLERANCE = 1e-5
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax",
+    reason="needs the JAX backend, which Keras chooses once per process at "
+           "import: run `KERAS_BACKEND=jax pytest tests/python/engines/jax` "
+           "(make test-python-jax)")
 
 
 def normalized_mlp():
