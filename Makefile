@@ -46,7 +46,7 @@ END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
-	test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
+	test-python-jax test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
 demo: $(DEMO_STAMP)
@@ -72,7 +72,7 @@ setup-python: $(PY_STAMP)
 # Everything the Python steps use; nothing here compiles against R, so
 # no apt and no root (rpy2 comes with the R parity step: $(RPY2_STAMP)).
 $(PY_STAMP): pyproject.toml $(DEMO_STAMP)
-	$(PY) -m pip install --quiet -e ".[cpu,demo,test,docs]"
+	$(PY) -m pip install --quiet -e ".[cpu,demo,test,docs,jax]"
 	bash .ci/install-hub.sh $(PY)
 	touch $@
 
@@ -92,11 +92,11 @@ $(R_STAMP):
 
 # Every step CI runs, in this order; each step can also be run alone.
 # The R package's check keeps one core busy for most of its time, as does
-# the scenarios' parity (R embedded in one pytest process): they run side
-# by side.
+# the scenarios' parity (R embedded in one pytest process), then the JAX
+# engine's tests: they run side by side.
 test: setup lint test-python
 	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r" \
-	  "$(MAKE) --no-print-directory test-r-parity"
+	  "$(MAKE) --no-print-directory test-r-parity test-python-jax"
 	bash .ci/beside.sh "$(MAKE) --no-print-directory docs" \
 	  "$(MAKE) --no-print-directory test-r-zero-setup bench-quick"
 
@@ -116,6 +116,14 @@ test-python: setup-python slurm-up
 	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=15 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
 	  --ignore=tests/python/test_scenario_python.py
+	$(END)
+
+# The JAX engine's tests, in a pytest process of their own: Keras chooses
+# its backend once per process, at import (test-python skips them, saying
+# so).
+test-python-jax: setup-python
+	$(START)
+	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
 	$(END)
 
 # The R package: NAMESPACE and man/ up to date, R CMD build (the vignettes

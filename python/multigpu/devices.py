@@ -16,7 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import backends, internals
 from multigpu.arguments import check_int, is_int
 from multigpu.messages import api, current_language, literal, literals, setting
 
@@ -72,6 +72,20 @@ def _logical_devices(device_type):
     return [d.name for d in tf.config.list_logical_devices(device_type)]
 
 
+def _jax_devices(device_type):
+    """Names of JAX's devices of one type, `"/device:CPU:0"`, ... (starts JAX).
+
+    A device's index is its position among JAX's devices of its platform.
+    """
+    import jax
+
+    if device_type == "CPU":
+        found = jax.devices("cpu")
+    else:
+        found = [d for d in jax.devices() if d.platform == "gpu"]
+    return [f"/device:{device_type}:{i}" for i in range(len(found))]
+
+
 # The warnings point at the user's line: Python 3.12 skips this package's
 # frames itself; before it, they point at the caller of `_warn_once`'s
 # caller.
@@ -89,7 +103,10 @@ def _warn_once(key, message):
 
 
 def available_devices():
-    """Lists the logical devices TensorFlow can place work on.
+    """Lists the logical devices the Keras backend can place work on.
+
+    TensorFlow's logical devices, or on the JAX backend JAX's devices, named
+    alike (`"/device:CPU:1"` is JAX's second CPU device).
 
     Returns:
         A dict with keys `"GPU"` and `"CPU"`, each a list of canonical device
@@ -99,7 +116,8 @@ def available_devices():
     >>> multigpu.available_devices()
     {'GPU': [], 'CPU': ['/device:CPU:0', '/device:CPU:1']}
     """
-    return {kind: _logical_devices(kind) for kind in ("GPU", "CPU")}
+    listed = _jax_devices if backends.is_jax() else _logical_devices
+    return {kind: listed(kind) for kind in ("GPU", "CPU")}
 
 
 def describe_machine(devices=None):
@@ -353,7 +371,9 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
 
     Must run before TensorFlow initialises its devices (before the first op,
     model or `list_logical_devices` call). Calling it again with the same `n`
-    is harmless.
+    is harmless. On the JAX backend it sets JAX's number of CPU devices
+    (`jax_num_cpu_devices`), which must likewise come before JAX's first
+    operation; there only `device_type="CPU"` and `threads=None` apply.
 
     Args:
         n: Number of logical devices, an int >= 1.
@@ -417,6 +437,8 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
             "GPU needs the memory of each logical GPU in MiB, e.g. "
             f"{setting('memory_limit', 4096)}."
         )
+    if backends.is_jax():
+        return _jax_virtual_devices(n, device_type, threads)
     physical = tf.config.list_physical_devices(device_type)
     if not physical:
         raise ValueError(
@@ -440,6 +462,44 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
     if device_type == "CPU" and n > 1:
         _own_thread_pools(n, threads)
         STATE.threads_configured, STATE.threads = True, threads
+    return names
+
+
+def _jax_virtual_devices(n, device_type, threads):
+    """`virtual_devices` on the JAX backend: `n` CPU devices for JAX.
+
+    JAX reads `jax_num_cpu_devices` when it starts its backends (at its
+    first operation); afterwards the count is fixed for the process.
+    """
+    import jax
+
+    if device_type != "CPU":
+        raise ValueError(
+            f"Invalid `device_type`: received {literal(device_type)} on the "
+            "JAX backend, which cannot split a GPU into logical GPUs; "
+            f"simulate devices with {setting('device_type', 'CPU')}."
+        )
+    if threads is not None:
+        raise ValueError(
+            f"Invalid `threads`: received {literal(threads)} on the JAX "
+            "backend, where XLA sizes the CPU devices' thread pools itself; "
+            f"leave it {literal(None)}."
+        )
+    names = [f"/device:CPU:{i}" for i in range(n)]
+    _warn_if_oversubscribed(n, device_type)
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        have = len(jax.devices("cpu"))
+        if have == n:
+            return names
+        raise RuntimeError(
+            f"{api('virtual_devices', n)} came too late: JAX already started, "
+            f"with {have} CPU device(s), and fixes their number for the "
+            f"process. Call {api('virtual_devices', 'n')} first thing, "
+            "before building a model or creating a tensor, or restart the "
+            "session."
+        ) from None
     return names
 
 

@@ -367,6 +367,12 @@ def test_the_backend_neutral_engine_modules_do_not_import_tensorflow(path):
     assert not _imports_tensorflow(path)
 
 
+@pytest.mark.parametrize("path", sorted((PACKAGE / "engines" / "jax").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_jax_engine_does_not_import_tensorflow(path):
+    assert not _imports_tensorflow(path)
+
+
 def test_the_tensorflow_engines_import_tensorflow():
     # The check above reads imports that exist: it finds the TensorFlow ones.
     assert _imports_tensorflow(PACKAGE / "engines" / "tensorflow" / "mirrored.py")

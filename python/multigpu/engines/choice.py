@@ -11,7 +11,16 @@ overrides the prediction, and the choice says so (`EngineChoice.fallback`,
 
 import collections
 
-from multigpu.messages import setting
+from multigpu.messages import literal, setting
+
+# The engines of each Keras backend `multi_gpu_model` serves
+# (`multigpu.backends.ENGINE_BACKENDS`): an engine for another backend goes
+# into a folder of its own beside `engines/tensorflow` and `engines/jax`,
+# with its name here and a branch in `front.multi_gpu_model`.
+BACKEND_ENGINES = {
+    "tensorflow": ("replicate", "mirrored"),
+    "jax": ("jax",),
+}
 
 
 class EngineChoice(collections.namedtuple(
@@ -78,6 +87,49 @@ def choose_engine(devices):
     return EngineChoice("replicate", (
         "on logical CPU devices transfers are references, not copies; the "
         "replicate engine is the measured winner (docs/benchmarks.md)"))
+
+
+def decide_jax_engine(engine):
+    """The engine `multi_gpu_model` runs on the JAX backend, and why.
+
+    `"auto"` and `"jax"` run the JAX engine (`multigpu.engines.jax`), the
+    only one there; the TensorFlow engines are refused, saying why.
+
+    Args:
+        engine: The `engine` argument.
+
+    Returns:
+        An `EngineChoice`.
+
+    Raises:
+        ValueError: for `"replicate"`, `"mirrored"` or an unknown engine.
+
+    Example:
+    >>> decide_jax_engine("auto").engine
+    'jax'
+    """
+    why = {
+        "replicate": "places one replica per device with TensorFlow's "
+                     "tf.device and runs a TensorFlow graph",
+        "mirrored": "trains through TensorFlow's tf.distribute.MirroredStrategy",
+    }
+    if not isinstance(engine, str) or engine not in ("auto", "jax", *why):
+        raise ValueError(
+            f"Invalid `engine`: received {literal(engine)}; on the JAX backend "
+            f"expected {literal('auto')} or {literal('jax')}."
+        )
+    if engine in why:
+        raise ValueError(
+            f"Invalid `engine`: received {literal(engine)} on the JAX backend. "
+            f"The {engine} engine {why[engine]}, which the JAX backend does "
+            f"not run. Use {setting('engine', 'auto')} (or "
+            f"{literal('jax')}): XLA splits each batch across the devices."
+        )
+    if engine == "jax":
+        return EngineChoice("jax", f"requested with {setting('engine', 'jax')}")
+    return EngineChoice("jax", (
+        "the Keras backend is JAX: XLA splits each batch across the devices "
+        "inside the compiled step"))
 
 
 def decide_engine(engine, devices, cpu_merge=True, walk_problem=None,

@@ -3,12 +3,15 @@
 The engines `multi_gpu_model` offers (`ENGINES`, `DEFAULT_ENGINE`,
 `check_engine`) and the public entry point, which validates its arguments
 once, asks `choice.decide_engine` which engine runs, and hands the template
-to it: `replicate.ParallelModel` or `mirrored.MirroredModel`. Each engine
-is a peer module; none imports another.
+to it: on TensorFlow `replicate.ParallelModel` or `mirrored.MirroredModel`,
+on JAX `multigpu.engines.jax.sharded.ShardedModel` (`choice.BACKEND_ENGINES`;
+each backend's engines are imported only on that backend). Each engine is a
+peer module; none imports another.
 """
 
 import warnings
 
+from multigpu import backends
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
 from multigpu.devices import HOST_DEVICE
@@ -17,12 +20,10 @@ from multigpu.engines import choice as choice_lib
 from multigpu.engines.functional import callable_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateBacked
-from multigpu.engines.tensorflow.mirrored import MirroredModel
-from multigpu.engines.tensorflow.relocation import relocate_to_cpu
-from multigpu.engines.tensorflow.replicate import ParallelModel
-from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm, walk_problem
 from multigpu.messages import api, literal, literals, setting
 
+# The engines on TensorFlow; on JAX `"auto"` and `"jax"`
+# (`choice.decide_jax_engine`).
 ENGINES = ("auto", "replicate", "mirrored")
 # The replicate engine runs one graph whose replicas share the template's
 # variables: no variable copies, no collectives, and transfers between
@@ -49,6 +50,13 @@ def check_engine(engine, cpu_merge=True):
         ValueError: for an unknown engine, or `cpu_merge=False` with the
             mirrored engine (it has no merge step).
     """
+    if engine == "jax":
+        raise ValueError(
+            f"Invalid `engine`: received {literal('jax')} on the TensorFlow "
+            "backend; the JAX engine runs when Keras runs on JAX "
+            "(KERAS_BACKEND=jax). Here use one of "
+            f"{literals(list(ENGINES))}."
+        )
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(
             f"Invalid `engine`: received {literal(engine)}; expected one of "
@@ -84,7 +92,7 @@ def _warn(choice):
 
 
 def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
-                    engine=DEFAULT_ENGINE, sync_batchnorm=False):
+                    engine=DEFAULT_ENGINE, sync_batchnorm=None):
     """Replicates a model on several devices (single-machine data parallelism).
 
     Every batch is divided into one sub-batch per device (sizes differ by at
@@ -123,18 +131,29 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             `sync_batchnorm=True` and a model the replicate engine cannot
             walk (BatchNormalization inside a subclassed model or layer) it
             runs the mirrored engine.
-        sync_batchnorm: False (the default): each replica's
+        sync_batchnorm: None (the default): False on TensorFlow, True on
+            JAX. False: each replica's
             BatchNormalization layers take their batch statistics over its
-            own share of the batch, as the original `multi_gpu_model` did.
-            True: over the whole batch, so a training step equals the
+            own share of the batch, as the original `multi_gpu_model` did
+            (TensorFlow only). True: over the whole batch, so a training step equals the
             template's, moving statistics included; it costs one pooling of
             the statistics per layer and step (docs/training.md, "Batch
             statistics"). The replicate engine then runs a functional or
             Sequential model's graph across the replicas in segments cut
-            at its BatchNormalization layers.
+            at its BatchNormalization layers. On JAX, XLA's split reduces
+            the moments over every device's rows: True is the only choice.
+
+    On the JAX backend (`KERAS_BACKEND=jax`) the JAX engine runs
+    (`multigpu.engines.jax.sharded.ShardedModel`): the template's variables
+    are replicated on every device and XLA splits each batch inside the
+    compiled step, uneven batches included. There `engine` is `"auto"` or
+    `"jax"`, and `cpu_merge=False`, `cpu_relocation=True` and
+    `sync_batchnorm=False` are refused (`check_jax_arguments`). On another
+    backend (PyTorch) it raises `multigpu.backends.UnsupportedBackendError`.
 
     Returns:
-        A `ParallelModel` or a `MirroredModel` (a `keras.Model`), with
+        A `ParallelModel` or a `MirroredModel` (a `keras.Model`; on JAX a
+        `ShardedModel`), with
         `.template`, `.devices`, `.engine` (the engine it runs) and
         `.engine_reason` (why). Its `save`/`save_weights` write the
         template, which loads back with plain `keras.models.load_model`.
@@ -149,6 +168,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
             `compute_metrics` (`own_steps.check_standard_steps`): the
             engines would run Keras's standard steps instead.
         TypeError: if `model` is not a `keras.Model`.
+        UnsupportedBackendError: on a Keras backend other than TensorFlow
+            and JAX.
 
     Example:
     >>> parallel = multigpu.multi_gpu_model(model, gpus=4)
@@ -157,13 +178,34 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     >>> parallel.save("model.keras")                    # writes the template
     >>> exact = multigpu.multi_gpu_model(model, gpus=4, sync_batchnorm=True)
     """
+    backend = backends.check_supported("multi_gpu_model")
     _check_not_parallel(model)
     callable_graph(model)
     check_standard_steps(model, "multi_gpu_model")
-    strategy_lib.check_outside_strategies("multi_gpu_model", model)
+    if backend == "tensorflow":
+        strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
-    sync_batchnorm = check_sync_batchnorm(sync_batchnorm)
+    if backend == "jax":
+        return _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
+                          sync_batchnorm)
+    return _tensorflow_model(model, gpus, cpu_merge, cpu_relocation, engine,
+                             sync_batchnorm)
+
+
+def _tensorflow_model(model, gpus, cpu_merge, cpu_relocation, engine,
+                      sync_batchnorm):
+    """`multi_gpu_model` on the TensorFlow backend: its two engines."""
+    from multigpu.engines.tensorflow.mirrored import MirroredModel
+    from multigpu.engines.tensorflow.relocation import relocate_to_cpu
+    from multigpu.engines.tensorflow.replicate import ParallelModel
+    from multigpu.engines.tensorflow.sync_batchnorm import (
+        check_sync_batchnorm,
+        walk_problem,
+    )
+
+    sync_batchnorm = check_sync_batchnorm(
+        False if sync_batchnorm is None else sync_batchnorm)
     check_engine(engine, cpu_merge)
     devices = devices_lib.resolve_devices(gpus)
     template = relocate_to_cpu(model) if cpu_relocation else model
@@ -186,5 +228,68 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
         merge_device = HOST_DEVICE if cpu_merge else devices[0]
         parallel = ParallelModel(template, devices, merge_device,
                                  sync_batchnorm=sync_batchnorm)
+    parallel.engine_reason = choice.engine_reason
+    return parallel
+
+
+def check_jax_arguments(cpu_merge, cpu_relocation, sync_batchnorm):
+    """Refuses the arguments of `multi_gpu_model` that mean nothing on JAX.
+
+    Under XLA's split each device holds its share of the batch and the
+    template's variables, replicated: there is no merge step to place
+    (`cpu_merge`), no copy of the weights on the CPU to make
+    (`cpu_relocation`), and BatchNormalization's moments are reduced over
+    every device's rows, which is `sync_batchnorm=True`.
+
+    Args:
+        cpu_merge: The validated `cpu_merge` argument.
+        cpu_relocation: The validated `cpu_relocation` argument.
+        sync_batchnorm: The `sync_batchnorm` argument (None: the backend's
+            default).
+
+    Returns:
+        True, the `sync_batchnorm` the JAX engine runs.
+
+    Raises:
+        ValueError: for `cpu_merge=False`, `cpu_relocation=True` or
+            `sync_batchnorm=False`, naming the argument and why.
+    """
+    if cpu_merge is False:
+        raise ValueError(
+            f"Invalid `cpu_merge`: received {literal(False)} on the JAX "
+            "backend. cpu_merge places the merge of replica outputs, a step "
+            "XLA's split does not have: each device computes its share of the "
+            f"batch and XLA gathers the outputs. Leave {setting('cpu_merge', True)}."
+        )
+    if cpu_relocation is True:
+        raise ValueError(
+            f"Invalid `cpu_relocation`: received {literal(True)} on the JAX "
+            "backend, where the template's variables are replicated on every "
+            "device; there is no copy on the CPU to make. Leave "
+            f"{setting('cpu_relocation', False)}."
+        )
+    if sync_batchnorm is None:
+        return True
+    if check_flag("sync_batchnorm", sync_batchnorm) is False:
+        raise ValueError(
+            f"Invalid `sync_batchnorm`: received {literal(False)} on the JAX "
+            "backend. XLA splits each batch inside one compiled step, and "
+            "BatchNormalization's moments are reduced over every device's "
+            f"rows: that is {setting('sync_batchnorm', True)}, the only "
+            f"choice there. Pass {setting('sync_batchnorm', True)} or leave "
+            f"it {literal(None)} (the default)."
+        )
+    return True
+
+
+def _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
+               sync_batchnorm):
+    """`multi_gpu_model` on the JAX backend: its one engine."""
+    from multigpu.engines.jax.sharded import ShardedModel
+
+    check_jax_arguments(cpu_merge, cpu_relocation, sync_batchnorm)
+    choice = choice_lib.decide_jax_engine(engine)
+    devices = devices_lib.resolve_devices(gpus)
+    parallel = ShardedModel(model, devices)
     parallel.engine_reason = choice.engine_reason
     return parallel

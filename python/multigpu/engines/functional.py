@@ -18,6 +18,30 @@ def layer_name(tensor):
     return internals.producing_operation(tensor).name
 
 
+def batch_input_like(tensor):
+    """A `keras.Input` like a model's input `tensor`, whose batch size is free.
+
+    The inputs of a model that splits each batch between devices.
+
+    Raises:
+        ValueError: if `tensor` has a fixed batch size.
+
+    Example:
+    >>> batch_input_like(keras.Input((3,), name="x")).shape
+    (None, 3)
+    """
+    if tensor.shape[0] is not None:
+        raise ValueError(
+            f"Invalid `model`: its input {literal(tensor.name)} has a fixed batch "
+            f"size ({tensor.shape}); multi_gpu_model slices each batch, so "
+            "build the model with shape=... rather than batch_shape=..."
+        )
+    return keras.Input(
+        shape=tensor.shape[1:], dtype=tensor.dtype, sparse=tensor.sparse,
+        name=layer_name(tensor),
+    )
+
+
 def unique_names(names):
     """The names with repeats made unique, as Keras 2 named its outputs.
 

@@ -256,6 +256,23 @@ def compile_like_template(model):
         model.compile(**arguments)
 
 
+def compile_template_alike(model, args, kwargs):
+    """Compiles `model.template` as `model` was, sharing its optimizer.
+
+    Called by a `TemplateBacked` model's `compile` after its own.
+
+    Args:
+        model: A compiled `TemplateBacked` model.
+        args: The positional arguments its `compile` took.
+        kwargs: Its keyword arguments (without `jit_compile`).
+    """
+    arguments = inputs.bound_arguments("compile", model.template, args, kwargs)
+    arguments.pop("optimizer", None)
+    arguments = template_compile_arguments(
+        model.template, model.output_names, model.optimizer, (), arguments)
+    model.template.compile(**arguments)
+
+
 def compile_defaults(model, args, kwargs):
     """`compile`'s arguments, or the template's defaults for a bare `compile()`.
 
@@ -486,12 +503,7 @@ class TemplateBacked:
         warn_if_jit_compile(jit_compile, self.parallelism)
         args, kwargs = compile_defaults(self, args, kwargs)
         super().compile(*args, jit_compile=False, **kwargs)
-        arguments = inputs.bound_arguments("compile", self.template, args,
-                                           kwargs)
-        arguments.pop("optimizer", None)
-        arguments = template_compile_arguments(
-            self.template, self.output_names, self.optimizer, (), arguments)
-        self.template.compile(**arguments)
+        compile_template_alike(self, args, kwargs)
 
     def save(self, filepath, overwrite=True, **kwargs):
         """Saves `template` (architecture and the shared trained weights).

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from multigpu.arguments import check_int
 from multigpu.devices import HOST_DEVICE
-from multigpu.engines.functional import callable_graph, layer_name
+from multigpu.engines.functional import batch_input_like, callable_graph
 from multigpu.engines.template import TemplateLayer, TemplateWrapper
 from multigpu.engines.tensorflow.forward import (
     PassLayout,
@@ -24,7 +24,6 @@ from multigpu.engines.tensorflow.forward import (
     split_bounds,
 )
 from multigpu.engines.tensorflow.sync_batchnorm import GlobalBatchWalk
-from multigpu.messages import literal
 from multigpu.step import gradients as gradients_lib
 
 
@@ -184,19 +183,6 @@ class DataParallelReplicas(TemplateLayer):
             return merged, rows_weighted_loss(losses, bounds)
 
 
-def _input_like(tensor):
-    if tensor.shape[0] is not None:
-        raise ValueError(
-            f"Invalid `model`: its input {literal(tensor.name)} has a fixed batch "
-            f"size ({tensor.shape}); multi_gpu_model slices each batch, so "
-            "build the model with shape=... rather than batch_shape=..."
-        )
-    return keras.Input(
-        shape=tensor.shape[1:], dtype=tensor.dtype, sparse=tensor.sparse,
-        name=layer_name(tensor),
-    )
-
-
 @keras.saving.register_keras_serializable(package="multigpu")
 class ParallelModel(TemplateWrapper):
     """A Keras model that runs one replica of `template` per device.
@@ -220,7 +206,7 @@ class ParallelModel(TemplateWrapper):
     def __init__(self, template, devices, merge_device=HOST_DEVICE,
                  sync_batchnorm=False, **kwargs):
         super().__init__(
-            template, callable_graph, _input_like,
+            template, callable_graph, batch_input_like,
             lambda: DataParallelReplicas(template, devices, merge_device,
                                          sync_batchnorm, name="replicas"),
             **kwargs)

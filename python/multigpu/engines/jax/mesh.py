@@ -1,0 +1,143 @@
+"""The devices of the JAX engine as a mesh, and where arrays live on it.
+
+The engine's devices form a 1-D `jax.sharding.Mesh` whose one axis,
+`BATCH_AXIS`, holds them all. The template's variables, and every value a
+step returns, are replicated on it (`replicated`); inside a compiled step a
+batch is constrained to be split along it (`split_batch`), and XLA's
+partitioner gives each device its share of the rows, an uneven share when
+the rows do not divide (a batch of 10 on 4 devices: 3, 3, 3 and 1 rows),
+with its reductions (loss, metrics, gradients, BatchNormalization's
+moments) over the real rows only.
+"""
+
+import jax
+import numpy as np
+
+from multigpu.messages import literal
+
+BATCH_AXIS = "batch"
+
+
+def jax_device(name):
+    """The JAX device a canonical device name (`"/device:CPU:1"`) names.
+
+    Its index is its position among JAX's devices of its platform, as
+    `multigpu.available_devices` lists them on the JAX backend.
+
+    Raises:
+        ValueError: if JAX has no such device.
+
+    Example:
+    >>> jax_device("/device:CPU:1")
+    CpuDevice(id=1)
+    """
+    kind, index = name.rsplit(":", 2)[-2:]
+    if kind == "CPU":
+        pool = jax.devices("cpu")
+    else:
+        pool = [d for d in jax.devices() if d.platform == "gpu"]
+    if int(index) >= len(pool):
+        raise ValueError(
+            f"Invalid device {literal(name)}: JAX has {len(pool)} {kind} device(s)."
+        )
+    return pool[int(index)]
+
+
+def device_mesh(devices):
+    """A 1-D mesh over `devices`, its one axis named `BATCH_AXIS`.
+
+    Args:
+        devices: Canonical device names (`multigpu.resolve_devices`).
+
+    Returns:
+        A `jax.sharding.Mesh`.
+
+    Example:
+    >>> device_mesh(["/device:CPU:0", "/device:CPU:1"]).shape
+    {'batch': 2}
+    """
+    return jax.sharding.Mesh(np.array([jax_device(d) for d in devices]),
+                             (BATCH_AXIS,))
+
+
+def replicated(mesh):
+    """The sharding that holds a whole copy of an array on every device."""
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def split_rows(mesh):
+    """The sharding that splits an array's first axis across the devices."""
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(BATCH_AXIS))
+
+
+def is_traced(value):
+    """Whether `value` is an array being traced into a compiled function."""
+    return isinstance(value, jax.core.Tracer)
+
+
+def split_batch(tree, mesh):
+    """Constrains every batched array of `tree` to be split along the rows.
+
+    Inside a compiled step the constraint tells XLA's partitioner to give
+    each device its share of the rows; outside one (an eager call) nothing
+    is constrained, and the arrays stay as they are.
+
+    Args:
+        tree: A structure of arrays whose first axis is the batch (scalars
+            and None pass through).
+        mesh: The engine's `device_mesh`.
+
+    Returns:
+        `tree`, constrained.
+    """
+    sharding = split_rows(mesh)
+
+    def constrain(value):
+        if is_traced(value) and value.ndim >= 1:
+            return jax.lax.with_sharding_constraint(value, sharding)
+        return value
+
+    return jax.tree.map(constrain, tree)
+
+
+def gather(tree, mesh):
+    """Constrains every array of `tree` to be whole on every device.
+
+    What a compiled step returns (logs, the new state, predictions) must be
+    so: a split of rows that do not divide evenly, or XLA's own choice of
+    sharding for a value, has no `jax.Array` layout outside the step.
+    """
+    sharding = replicated(mesh)
+
+    def constrain(value):
+        if is_traced(value):
+            return jax.lax.with_sharding_constraint(value, sharding)
+        return value
+
+    return jax.tree.map(constrain, tree)
+
+
+def put_replicated(tree, mesh):
+    """Places every array of `tree` whole on every device of `mesh`.
+
+    A batch handed to a compiled step so is split there, by the step's
+    constraint, without another transfer; left uncommitted, XLA would
+    choose the batch's sharding itself, possibly one that `jax.Array`
+    cannot express (a split over two of four devices).
+    """
+    sharding = replicated(mesh)
+    return jax.tree.map(
+        lambda value: value if value is None else jax.device_put(value, sharding),
+        tree)
+
+
+def replicate_variables(variables, mesh):
+    """Assigns each Keras variable its value, replicated on `mesh`.
+
+    Args:
+        variables: Keras variables (the template's).
+        mesh: The engine's `device_mesh`.
+    """
+    sharding = replicated(mesh)
+    for variable in variables:
+        variable.assign(jax.device_put(variable.value, sharding))
