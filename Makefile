@@ -115,12 +115,12 @@ test-python: setup-python slurm-up
 	$(START)
 	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=15 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
-	  --ignore=tests/python/test_scenario_python.py
+	  --ignore=tests/python/test_scenario_python.py \
+	  --ignore=tests/python/engines/jax
 	$(END)
 
 # The JAX engine's tests, in a pytest process of their own: Keras chooses
-# its backend once per process, at import (test-python skips them, saying
-# so).
+# its backend once per process, at import (test-python leaves them out).
 test-python-jax: setup-python
 	$(START)
 	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
