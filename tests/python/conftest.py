@@ -60,6 +60,37 @@ def pytest_configure(config):
         "(MULTIGPU_BENCH_QUICK_OUTPUT), so `make test-python` leaves them out")
 
 
+# The longest tests (about 15 s and more each in CI) start first, in this
+# order: pytest-xdist's workers then end the run on short tests, and no
+# worker is left running a long one while the other has nothing to do.
+LONG_TESTS_FIRST = (
+    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
+    "[rnn_dropout",
+    "checkpoints/test_resume.py::test_killed_anywhere_twice",
+    "cluster/test_slurm.py::test_killing_one_task",
+    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
+    "[masked_rnns",
+    "distribute/test_fit_distributed.py::test_multi_worker_checkpoints",
+    "checkpoints/test_checkpoints.py::test_sigkill_mid_epoch",
+    "engines/test_published_models.py::",
+    "engines/test_failed_fit.py::test_after_three_failed_fits",
+    "engines/test_layer_losses.py::test_recurrent_dropout_trains",
+    "checkpoints/test_checkpoints.py::test_a_really_full_disk",
+    "engines/test_layer_zoo.py::",
+)
+
+
+def _start_rank(item):
+    for rank, name in enumerate(LONG_TESTS_FIRST):
+        if name in item.nodeid:
+            return rank
+    return len(LONG_TESTS_FIRST)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=_start_rank)  # stable: the rest keep their order
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(7)

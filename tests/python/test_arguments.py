@@ -39,7 +39,6 @@ def test_check_flag_takes_numpy_bools():
 # (Cheap: no training except where the failure only showed in `fit`.)
 
 import os  # noqa: E402
-import warnings  # noqa: E402
 
 import keras  # noqa: E402
 
@@ -180,22 +179,6 @@ def test_shuffle_buffer_is_checked_without_shuffle():
     x = np.zeros((8, 3), "float32")
     with pytest.raises(ValueError, match=r"`shuffle_buffer`: received -5"):
         multigpu.distributed_dataset(x, x, 2, shuffle_buffer=-5)
-
-
-def test_jit_compile_on_the_mirrored_engine_warns_and_trains_without_xla():
-    parallel = multigpu.multi_gpu_model(_small_model(2), gpus=2,
-                                        engine="mirrored")
-    with pytest.warns(UserWarning, match=r"^jit_compile=True ignored: XLA "
-                      r"would compile the whole step into one cluster on one "
-                      r"device, undoing data parallelism\.$"):
-        parallel.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    assert parallel.jit_compile is False
-    x = np.ones((4, 3), "float32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        # Before: InvalidArgumentError "Trying to access resource ...".
-        history = parallel.fit(x, x[:, :2], batch_size=4, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
 
 
 @pytest.mark.parametrize("batch_size", [-1, 2.5, True, "a", None])

@@ -153,8 +153,16 @@ def test_cnn_batches_smaller_than_the_replica_count_train(rng):
     parallel = multigpu.multi_gpu_model(template, gpus=4)
     parallel.compile(optimizer="sgd", loss="mse")
     x = rng.random((3, 8, 8, 1)).astype("float32")
+    before = template.get_weights()
     loss = parallel.train_on_batch(x, rng.random((3, 3)).astype("float32"))
     assert np.isfinite(loss)
+    # Dropout's draws on 4 devices are not those of one: no reference to
+    # train beside it. The step reached the template, which predicts
+    # (dropout off) what the parallel model predicts.
+    assert max(np.abs(w - b).max() for w, b in
+               zip(template.get_weights(), before)) > 0
+    np.testing.assert_allclose(parallel.predict(x, verbose=0),
+                               template.predict(x, verbose=0), atol=1e-6)
 
 
 @pytest.mark.parametrize("loss, metrics", [

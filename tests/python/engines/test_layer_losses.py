@@ -262,8 +262,14 @@ def test_recurrent_dropout_trains(rng, engine, layer):
                                                   engine=engine))
     x = rng.standard_normal((11, 5, 3)).astype("float32")
     y = x[:, -1, :1]
+    before = template.get_weights()
     losses = _fit(parallel, x, y, batch_size=6, epochs=3)
     assert np.all(np.isfinite(losses))
+    # The draws on 4 devices are not those of one: no reference to train
+    # beside it (test_layer_zoo.py compares predictions after such
+    # training). The steps reached the template.
+    assert max(np.abs(w - b).max() for w, b in
+               zip(template.get_weights(), before)) > 1e-4
 
 
 @pytest.mark.parametrize("check_finite", [True, False],
