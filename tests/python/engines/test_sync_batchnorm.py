@@ -226,13 +226,18 @@ def test_predictions_are_the_templates(rng):
             atol=TOL, rtol=TOL)
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None, [True], np.array([True])])
+@pytest.mark.parametrize("value", ["yes", 1, 0.5, [True], np.array([True])])
 def test_invalid_values_are_named_with_the_fix(value):
     with pytest.raises(ValueError) as caught:
         multigpu.multi_gpu_model(_sequential(), gpus=4, sync_batchnorm=value)
     message = str(caught.value)
     assert "`sync_batchnorm`" in message
     assert "received" in message and "sync_batchnorm=True" in message
+
+
+def test_none_is_the_backends_default_per_replica_statistics_on_tensorflow():
+    parallel = multigpu.multi_gpu_model(_sequential(), gpus=4, sync_batchnorm=None)
+    assert parallel.sync_batchnorm is False
 
 
 def test_numpy_bools_are_accepted():
