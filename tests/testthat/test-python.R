@@ -30,7 +30,7 @@ test_that("the core requirement points at a cached copy of the core this package
   copy <- cached_core(cache)
   expect_true(startsWith(copy, cache))
   expect_true(file.exists(file.path(copy, "pyproject.toml")))
-  expect_true(file.exists(file.path(copy, "python", "multigpu", "replicas.py")))
+  expect_true(file.exists(file.path(copy, "python", "multigpu", "engines", "tensorflow", "replicate.py")))
   expect_length(list.files(copy, "^__pycache__$", recursive = TRUE, include.dirs = TRUE), 0L)
   init <- readLines(file.path(copy, "python", "multigpu", "__init__.py"))
   expect_true(any(sprintf('__version__ = "%s"', utils::packageVersion("multigpu")) == init))
