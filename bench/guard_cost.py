@@ -59,12 +59,8 @@ def _guard_alone(x, y, rounds):
 
 
 def _arms(case, devices):
-    import keras
-
-    keras.utils.set_random_seed(0)
     workload = case["workload"]
-    x, y = models.one_batch(workload)
-    weights = models.build_model(workload).get_weights()
+    x, y, weights = models.seeded_start(workload)
 
     def build(check_finite):
         def make():

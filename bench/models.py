@@ -135,6 +135,26 @@ def one_batch(name):
     return x[:batch], y[:batch]
 
 
+def seeded_start(name):
+    """A cost study's starting point for a workload, seeded.
+
+    Seeds Keras (0), then takes one batch and the weights of a fresh build,
+    so that every model a study builds starts from the same weights.
+
+    Args:
+        name: A workload (see `build_model`).
+
+    Returns:
+        `(x, y, weights)`: `one_batch(name)` and the `get_weights()` of
+        `build_model(name)`.
+    """
+    import keras
+
+    keras.utils.set_random_seed(0)
+    x, y = one_batch(name)
+    return x, y, build_model(name).get_weights()
+
+
 def parallel_copy(name, weights, devices, **kwargs):
     """`multi_gpu_model` of a fresh model of a workload, compiled.
 

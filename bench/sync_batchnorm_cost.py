@@ -22,12 +22,8 @@ from bench import models, paired
 
 
 def _arms(case, devices):
-    import keras
-
-    keras.utils.set_random_seed(0)
     workload = case["workload"]
-    x, y = models.one_batch(workload)
-    weights = models.build_model(workload).get_weights()
+    x, y, weights = models.seeded_start(workload)
 
     def build(sync_batchnorm):
         return lambda: paired.train_step(models.parallel_copy(

@@ -64,12 +64,8 @@ def _cond_on_empty_share_class():
 
 
 def _arms(case, devices):
-    import keras
-
-    keras.utils.set_random_seed(0)
     workload = case["workload"]
-    x, y = models.one_batch(workload)
-    weights = models.build_model(workload).get_weights()
+    x, y, weights = models.seeded_start(workload)
 
     def variant(name):
         def make():
