@@ -16,6 +16,8 @@ of batches that split evenly, unevenly, and leave a device without rows
   its template predicts afterwards.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ ENGINES = ("replicate", "mirrored")
 # unevenly (2/3/2/3), and 3 rows, which leave one device without rows.
 BATCHES = (8, 10, 3)
 ROWS = sum(BATCHES)
+FIT = dict(epochs=2, verbose=0)
 
 
 def _features(rows, width=6, seed=3):
@@ -339,11 +342,30 @@ def _cases():
             for name in FAMILIES for engine in ENGINES]
 
 
+@functools.cache
+def _alone(name):
+    """What the family's template does alone on one device.
+
+    Its predictions before training and, for a deterministic family, its
+    weights and logs after `FIT`. Both engines' cases compare with these:
+    the template is trained alone once per family (per test worker).
+    """
+    _, data, loss, deterministic = FAMILIES[name]
+    x, y = data(ROWS)
+    reference = _built(name)
+    _compile(reference, loss)
+    predictions = _predictions(reference, x)
+    if not deterministic:
+        return predictions, None, None
+    history = reference.fit(_batched(x, y), **FIT).history
+    return predictions, reference.get_weights(), history
+
+
 @pytest.mark.parametrize(("name", "engine"), _cases())
 def test_a_layer_family_trains_as_on_one_device(name, engine):
     _, data, loss, deterministic = FAMILIES[name]
     x, y = data(ROWS)
-    template, reference = _built(name), _built(name)
+    template = _built(name)
     parallel = multigpu.multi_gpu_model(
         template, gpus=4, engine=engine,
         sync_batchnorm=name == "batch_normalization")
@@ -351,15 +373,13 @@ def test_a_layer_family_trains_as_on_one_device(name, engine):
     # Compiled first: compile drops the traced predict function, which the
     # predictions after training then reuse.
     _compile(parallel, loss)
-    _compile(reference, loss)
+    predictions, weights, theirs = _alone(name)
 
-    np.testing.assert_allclose(_predictions(parallel, x),
-                               _predictions(reference, x),
+    np.testing.assert_allclose(_predictions(parallel, x), predictions,
                                atol=TOL, rtol=TOL)
 
-    fit = dict(epochs=2, verbose=0)
     before = template.get_weights()
-    ours = parallel.fit(_batched(x, y), **fit).history
+    ours = parallel.fit(_batched(x, y), **FIT).history
     if not deterministic:
         assert np.all(np.isfinite(ours["loss"]))
         assert all(np.all(np.isfinite(w)) for w in template.get_weights())
@@ -369,8 +389,7 @@ def test_a_layer_family_trains_as_on_one_device(name, engine):
                                    _predictions(template, x),
                                    atol=TOL, rtol=TOL)
         return
-    theirs = reference.fit(_batched(x, y), **fit).history
-    for w, r in zip(template.get_weights(), reference.get_weights()):
+    for w, r in zip(template.get_weights(), weights):
         np.testing.assert_allclose(w, r, atol=TOL, rtol=TOL)
     assert sorted(ours) == sorted(theirs)
     for key in theirs:
