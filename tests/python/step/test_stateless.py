@@ -75,7 +75,7 @@ def test_the_guarded_step_trains_as_the_unguarded_one(rng, engine, options):
     assert got_logs == pytest.approx(want_logs)
 
 
-# Each zoo model on one engine, as in test_nonfinite_guard.py.
+# Each zoo model on one engine, as in test_nonfinite.py.
 ZOO_ENGINES = {
     name: ("replicate", "mirrored", "model_parallel")[i % 3]
     for i, name in enumerate(n for n in ZOO if n != "application")}
