@@ -104,7 +104,7 @@ def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
     # with the node's GPUs listed in CUDA_VISIBLE_DEVICES.
     script = textwrap.dedent("""
         import json, os
-        from multigpu import cluster
+        from multigpu.cluster import resolver as cluster
         found = []
         for node_gpus in (None, "4,5,6,7"):
             if node_gpus:
