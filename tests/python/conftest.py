@@ -60,23 +60,25 @@ def pytest_configure(config):
         "(MULTIGPU_BENCH_QUICK_OUTPUT), so `make test-python` leaves them out")
 
 
-# The longest tests (about 15 s and more each in CI) start first, in this
-# order: pytest-xdist's workers then end the run on short tests, and no
-# worker is left running a long one while the other has nothing to do.
+# The longest tests (about 10 s and more each; most of them start
+# processes) start first, in this order: pytest-xdist's workers then end the
+# run on short tests, and no worker is left running a long one while the
+# other has nothing left to do.
 LONG_TESTS_FIRST = (
-    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
-    "[rnn_dropout",
     "checkpoints/test_resume.py::test_killed_anywhere_twice",
-    "cluster/test_slurm.py::test_killing_one_task",
-    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
-    "[masked_rnns",
+    "cluster/test_slurm.py::",
     "distribute/test_fit_distributed.py::test_multi_worker_checkpoints",
     "checkpoints/test_checkpoints.py::test_sigkill_mid_epoch",
-    "engines/test_published_models.py::",
+    "distribute/test_fit_distributed.py::test_two_workers",
+    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
+    "[rnn_dropout",
+    "engines/test_training_again.py::",
+    "engines/test_layer_zoo.py::test_a_layer_family_trains_as_on_one_device"
+    "[masked_rnns",
     "engines/test_failed_fit.py::test_after_three_failed_fits",
-    "engines/test_layer_losses.py::test_recurrent_dropout_trains",
     "checkpoints/test_checkpoints.py::test_a_really_full_disk",
-    "engines/test_layer_zoo.py::",
+    "test_launch.py::",
+    "engines/test_published_models.py::",
 )
 
 

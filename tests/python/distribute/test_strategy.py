@@ -17,6 +17,8 @@ from support.models import copy_of, data, max_weight_difference, mlp
 from support.worker_scripts import WORKERS
 
 RUN_TIMEOUT = 180
+# What the script's `support.models` import needs on its path.
+TESTS = os.path.dirname(os.path.dirname(WORKERS))
 
 
 def _devices(strategy):
@@ -115,7 +117,7 @@ def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
         import multigpu
         multigpu.virtual_devices(4)
         import numpy as np, tensorflow as tf
-        from support.models import copy_of, data, max_weight_difference, mlp
+        from support.models import data, mlp
         x, y = data(np.random.default_rng(0), 32)
         def fit(strategy):
             with strategy.scope():
@@ -126,8 +128,7 @@ def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
         print("ours", fit(multigpu.mirrored_strategy(4)))
         print("ours", fit(multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])))
     """)
-    tests = os.path.dirname(os.path.dirname(WORKERS))  # holds `support`
-    result = subprocess.run([sys.executable, "-c", script, tests],
+    result = subprocess.run([sys.executable, "-c", script, TESTS],
                             capture_output=True, text=True,
                             timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]

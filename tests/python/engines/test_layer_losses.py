@@ -19,10 +19,17 @@ from multigpu.engines.tensorflow.forward import rows_weighted_loss, split_bounds
 from support.models import copy_of, data, max_weight_difference
 
 ENGINES = ["replicate", "mirrored"]
-# (rows, batch_size): batches of 8 (2 per device), 10 rows in batches of
-# 10 (2/3/2/3: a plain mean of the replicas' losses would differ) and 3
-# rows (fewer than the 4 devices: a replica with no rows).
-BATCHES = {"even": (16, 8), "uneven": (10, 10), "fewer_rows": (3, 3)}
+# Two devices make every split these tests need; each more one is another
+# replica to trace. (rows, batch_size): batches of 8 (4 per device), 9 rows
+# in a batch of 9 (4/5: a plain mean of the replicas' losses would differ)
+# and 1 row (fewer than the devices: a replica with no rows).
+DEVICES = 2
+BATCHES = {"even": (16, 8), "uneven": (9, 9), "fewer_rows": (1, 1)}
+# Pooled BatchNormalization is walked across the replicas (replicate
+# engine): on 4 devices, so that the walk has more than one step; 10 rows
+# split 2/3/2/3, 3 rows leave a device without rows.
+POOLED_DEVICES = 4
+POOLED_BATCHES = {"uneven": (10, 10), "fewer_rows": (3, 3)}
 
 
 @keras.saving.register_keras_serializable(package="multigpu_tests")
@@ -162,7 +169,7 @@ def _against_the_template(factory, engine, batch, check_finite, rng):
     rows, batch_size = BATCHES[batch]
     template = factory()
     reference = _compiled(copy_of(template))
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    parallel = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
     parallel.check_finite = check_finite
     _compiled(parallel)
     x, y = data(rng, rows)
@@ -223,12 +230,14 @@ def test_added_losses_train_as_the_template(rng, engine, name, check_finite):
 def test_evaluate_reports_the_templates_loss(rng, engine):
     template = custom_layer_loss()
     reference = _compiled(copy_of(template))
-    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=DEVICES,
                                                   engine=engine))
-    x, y = data(rng, 10)
+    rows, batch_size = BATCHES["uneven"]
+    x, y = data(rng, rows)
     np.testing.assert_allclose(
-        parallel.evaluate(x, y, batch_size=10, verbose=0),
-        reference.evaluate(x, y, batch_size=10, verbose=0), rtol=1e-5)
+        parallel.evaluate(x, y, batch_size=batch_size, verbose=0),
+        reference.evaluate(x, y, batch_size=batch_size, verbose=0),
+        rtol=1e-5)
 
 
 # The mirrored engine refuses an unseeded draw (see
@@ -237,7 +246,7 @@ def test_evaluate_reports_the_templates_loss(rng, engine):
     ("replicate", True), ("replicate", False), ("mirrored", True)])
 def test_a_sampling_vae_trains_and_its_loss_decreases(rng, engine, seeded):
     template = vae_like(deterministic=False, seeded=seeded)
-    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=DEVICES,
                                                   engine=engine))
     x, _ = data(rng, 30)
     y = x[:, :3] * 0.5
@@ -258,7 +267,7 @@ def test_recurrent_dropout_trains(rng, engine, layer):
     else:
         h = keras.layers.GRU(8, dropout=0.3)(inputs)
     template = keras.Model(inputs, keras.layers.Dense(1)(h))
-    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=DEVICES,
                                                   engine=engine))
     x = rng.standard_normal((11, 5, 3)).astype("float32")
     y = x[:, -1, :1]
@@ -279,7 +288,7 @@ def test_unseeded_draws_on_the_mirrored_engine_are_refused(rng, check_finite):
     # each replica's step; plain Keras under MirroredStrategy fails on it
     # with "tf.function only supports singleton tf.Variables".
     template = vae_like(deterministic=False, seeded=False)
-    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=DEVICES,
                                                   engine="mirrored"))
     parallel.check_finite = check_finite
     x, y = data(rng, 10)
@@ -306,11 +315,11 @@ def test_layer_losses_with_pooled_batchnorm_train_as_the_template(
     # sync_batchnorm=True: the replicate engine walks the template across
     # the replicas, the mirrored engine all-reduces its statistics; both
     # make a step equal to the template's, layer-made losses included.
-    rows, batch_size = BATCHES[batch]
+    rows, batch_size = POOLED_BATCHES[batch]
     template = batch_normalized()
     reference = _compiled(copy_of(template))
     parallel = _compiled(multigpu.multi_gpu_model(
-        template, gpus=4, engine=engine, sync_batchnorm=True))
+        template, gpus=POOLED_DEVICES, engine=engine, sync_batchnorm=True))
     x, y = data(rng, rows)
     want = _fit(reference, x, y, batch_size)
     got = _fit(parallel, x, y, batch_size)
@@ -361,10 +370,11 @@ def test_an_empty_share_runs_padded_and_writes_nothing():
 def test_batchnorm_on_fewer_rows_than_devices_stays_finite(rng, engine):
     # Training-mode BatchNormalization on a share of zero rows took NaN
     # statistics; the padded row is left out of the moving statistics.
+    # 10 rows in batches of 3: a last batch of 1 row, fewer than the devices.
     template = batch_normalized()
-    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=4,
+    parallel = _compiled(multigpu.multi_gpu_model(template, gpus=DEVICES,
                                                   engine=engine))
-    x, y = data(rng, 11)
+    x, y = data(rng, 10)
     losses = _fit(parallel, x, y, batch_size=3)
     assert np.all(np.isfinite(losses))
     for weight in template.get_weights():

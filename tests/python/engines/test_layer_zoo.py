@@ -3,7 +3,7 @@
 Each case is a tiny model built around one layer family (preprocessing
 adapted to data, lookups, the normalizations, RNNs with dropout and masks,
 attention with masks, regularizers, `add_loss`, random layers). Built twice
-from one seed, one copy goes through `multi_gpu_model` on 4 devices, the
+from one seed, one copy goes through `multi_gpu_model` on 2 devices, the
 other is trained by plain Keras on one device. On each engine, with an epoch
 of batches that split evenly, unevenly, and leave a device without rows
 (`BATCHES`):
@@ -11,10 +11,12 @@ of batches that split evenly, unevenly, and leave a device without rows
 * predictions equal the template's before training;
 * a deterministic layer trains like the template for two epochs: weights
   within `TOL`, the logged loss and metrics too;
-* a random layer (its draws differ between one device and four) trains:
+* a random layer (its draws differ between one device and two) trains:
   finite loss and weights that moved, and the parallel model predicts what
   its template predicts afterwards.
 """
+
+import functools
 
 import keras
 import numpy as np
@@ -25,10 +27,13 @@ import multigpu
 
 TOL = 1e-5
 ENGINES = ("replicate", "mirrored")
-# One epoch's batches on 4 devices: 8 rows split 2/2/2/2, 10 rows split
-# unevenly (2/3/2/3), and 3 rows, which leave one device without rows.
-BATCHES = (8, 10, 3)
+# One epoch's batches on `DEVICES`: 4 rows split 2/2, 5 rows split unevenly
+# (2/3), and 1 row, which leaves one device without rows. Two devices make
+# every split of the claim; each more one is another replica to trace.
+DEVICES = 2
+BATCHES = (4, 5, 1)
 ROWS = sum(BATCHES)
+FIT = dict(epochs=2, verbose=0)
 
 
 def _features(rows, width=6, seed=3):
@@ -147,7 +152,7 @@ def _batch_normalization():
 def _masked_rnns():
     inputs = keras.Input((7,), dtype="int32")
     x = keras.layers.Embedding(20, 4, mask_zero=True)(inputs)
-    # A masked LSTM alone is in test_zoo.py; each RNN here costs a trace
+    # A masked LSTM alone is in test_shape_zoo.py; each RNN here costs a trace
     # of its loop per replica.
     x = keras.layers.Bidirectional(keras.layers.GRU(3))(x)
     return keras.Model(inputs, _head(x, 3, "softmax"))
@@ -339,27 +344,44 @@ def _cases():
             for name in FAMILIES for engine in ENGINES]
 
 
+@functools.cache
+def _alone(name):
+    """What the family's template does alone on one device.
+
+    Its predictions before training and, for a deterministic family, its
+    weights and logs after `FIT`. Both engines' cases compare with these:
+    the template is trained alone once per family (per test worker).
+    """
+    _, data, loss, deterministic = FAMILIES[name]
+    x, y = data(ROWS)
+    reference = _built(name)
+    _compile(reference, loss)
+    predictions = _predictions(reference, x)
+    if not deterministic:
+        return predictions, None, None
+    history = reference.fit(_batched(x, y), **FIT).history
+    return predictions, reference.get_weights(), history
+
+
 @pytest.mark.parametrize(("name", "engine"), _cases())
 def test_a_layer_family_trains_as_on_one_device(name, engine):
     _, data, loss, deterministic = FAMILIES[name]
     x, y = data(ROWS)
-    template, reference = _built(name), _built(name)
+    template = _built(name)
     parallel = multigpu.multi_gpu_model(
-        template, gpus=4, engine=engine,
+        template, gpus=DEVICES, engine=engine,
         sync_batchnorm=name == "batch_normalization")
     assert parallel.engine == engine
     # Compiled first: compile drops the traced predict function, which the
     # predictions after training then reuse.
     _compile(parallel, loss)
-    _compile(reference, loss)
+    predictions, weights, theirs = _alone(name)
 
-    np.testing.assert_allclose(_predictions(parallel, x),
-                               _predictions(reference, x),
+    np.testing.assert_allclose(_predictions(parallel, x), predictions,
                                atol=TOL, rtol=TOL)
 
-    fit = dict(epochs=2, verbose=0)
     before = template.get_weights()
-    ours = parallel.fit(_batched(x, y), **fit).history
+    ours = parallel.fit(_batched(x, y), **FIT).history
     if not deterministic:
         assert np.all(np.isfinite(ours["loss"]))
         assert all(np.all(np.isfinite(w)) for w in template.get_weights())
@@ -369,8 +391,7 @@ def test_a_layer_family_trains_as_on_one_device(name, engine):
                                    _predictions(template, x),
                                    atol=TOL, rtol=TOL)
         return
-    theirs = reference.fit(_batched(x, y), **fit).history
-    for w, r in zip(template.get_weights(), reference.get_weights()):
+    for w, r in zip(template.get_weights(), weights):
         np.testing.assert_allclose(w, r, atol=TOL, rtol=TOL)
     assert sorted(ours) == sorted(theirs)
     for key in theirs:

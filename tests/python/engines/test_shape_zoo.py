@@ -32,7 +32,7 @@ TOL = 1e-5
 TOLERANCES = {"mixed_float16": 2e-3}
 # What CI runs of each model: every engine, every device count, each
 # model on the engine its shape stresses most; the mirrored engine, the
-# slowest to trace, once here (test_engines.py and test_replicas.py check it
+# slowest to trace, once here (test_mirrored.py and test_replicate.py check it
 # on the MLP, siamese, subclassed and Embedding models). `pytest -m slow`
 # runs the whole cross product.
 CI_CASES = {

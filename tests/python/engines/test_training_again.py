@@ -64,13 +64,14 @@ def test_fit_after_a_failed_fit_trains_as_a_fresh_process(
         fresh_process, engine, how):
     template = retraining.template()
     initial = template.get_weights()
-    parallel = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+    devices = DEVICES[:retraining.DEVICES]
+    parallel = multigpu.multi_gpu_model(template, gpus=devices, engine=engine)
     _fail(parallel, how)
     # The same parallel model, its weights set back.
     parallel.set_weights(initial)
     _assert_same(retraining.train(parallel), fresh_process[engine])
     # A new parallel model of a new template.
-    again = multigpu.multi_gpu_model(retraining.template(), gpus=DEVICES,
+    again = multigpu.multi_gpu_model(retraining.template(), gpus=devices,
                                      engine=engine)
     _assert_same(retraining.train(again), fresh_process[engine])
 

@@ -197,7 +197,7 @@ def test_train_on_batch_is_guarded_too(rng):
 
 
 # The mirrored engine refuses several steps per call (keras-team/keras#19246,
-# tests/python/engines/test_front.py).
+# engines/test_mirrored.py).
 @pytest.mark.parametrize("engine", ["replicate"])
 def test_several_steps_per_execution_stop_at_the_bad_batch(rng, engine):
     """With `steps_per_execution=3` one call of the train function runs 3

@@ -76,7 +76,7 @@ def images(rng, rows):
 
 
 # ---------------------------------------------------------------------------
-# The zoo of test_zoo.py: one tiny model of every shape the engines must
+# The zoo of engines/test_shape_zoo.py: one tiny model of every shape the engines must
 # treat like the template. Each factory returns a freshly built model.
 
 
