@@ -73,12 +73,13 @@ BATCHNORM_WORKLOADS = {
 }
 
 
-def load_data(name, seed=0):
+def load_data(name, seed=0, rows=None):
     """Training inputs and integer labels of a workload, as numpy arrays.
 
     Args:
         name: A key of `WORKLOADS`.
         seed: Seed of the synthetic data.
+        rows: Keep only the first `rows` rows (`None`: all of them).
 
     Returns:
         `(x, y)`: float32 inputs, samples first, and int32 class labels.
@@ -87,13 +88,13 @@ def load_data(name, seed=0):
         from multigpu.demo import load_digits
 
         (x, y), _, _ = load_digits(seed)
-        return x, y.astype("int32")
+        return x[:rows], y[:rows].astype("int32")
     rng = np.random.default_rng(seed)
     shape = {"cnn": (1024, 32, 32, 3), "mnist_cnn": (2048, 28, 28, 1),
              "mlp_large": (1024, 3072)}[name]
     x = rng.random(shape, dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=shape[0], dtype=np.int32)
-    return x, y
+    return x[:rows], y[:rows]
 
 
 def build_model(name):

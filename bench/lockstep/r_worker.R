@@ -71,7 +71,7 @@ run <- function(config_path) {
   keras <- reticulate::import("keras")
   models <- reticulate::import("bench.models")
   keras$utils$set_random_seed(config$seed)
-  data <- models$load_data(config$workload, config$seed)
+  data <- models$load_data(config$workload, config$seed, config$rows)
   x <- data[[1]]  # an R double array, samples first
   y <- data[[2]]  # an R integer vector of class ids
   config$compile_args <- models$compile_args()

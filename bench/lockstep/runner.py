@@ -69,7 +69,7 @@ def worker_config(group, config, seed):
         "cpu_merge": config.cpu_merge, "batch_size": group.batch_size,
         "epochs": group.warmup_epochs + group.rounds,
         "predict_calls": group.predict_warmup + group.predict_rounds,
-        "seed": seed,
+        "seed": seed, "rows": group.rows,
     }
 
 

@@ -136,7 +136,7 @@ def run(config, channel):
 
     keras.utils.set_random_seed(int(config["seed"]))
     workload = config["workload"]
-    x, y = models.load_data(workload, int(config["seed"]))
+    x, y = models.load_data(workload, int(config["seed"]), config.get("rows"))
     devices = device_names(kind, int(config["devices"]))
     model, used = BUILDERS[runner](workload, config, devices)
     batch_size = int(config["batch_size"])
