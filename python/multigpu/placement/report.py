@@ -207,8 +207,9 @@ def jax_notes(compiled):
             f"per device" + (f" ({padded - total} row(s) of padding excluded)"
                              if padded > total else ""))
     elif total is not None:
-        notes.append(f"rows: the batch is not split; each device of the step "
-                     f"computes on all {total} rows")
+        notes.append(f"rows: the batch is not split (no device takes a slice "
+                     f"of it at an offset from its partition-id); each device "
+                     f"of the step computes on all {total} rows")
     notes.append("ops: instructions of the compiled program (a fusion "
                  "counts once; parameters, constants and tuples excluded)")
     collectives = compiled["collectives"]

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from multigpu import internals
+from multigpu.engines.jax import mesh as mesh_lib
 from multigpu.placement import communication, hlo
 
 # How a collective's traffic is counted among `communication.KINDS`: a
@@ -119,11 +120,9 @@ def step_arguments(model, x, y):
                  ("metric", metrics), ("input", x), ("target", y)]
     mesh = getattr(model, "mesh", None)
     if isinstance(mesh, jax.sharding.Mesh):
-        # As the model's own step functions feed it: each batch whole on
-        # every device of its mesh (`multigpu.engines.jax.mesh`).
-        data = jax.tree.map(
-            lambda v: jax.device_put(v, jax.sharding.NamedSharding(
-                mesh, jax.sharding.PartitionSpec())), data)
+        # As the JAX engine's step functions feed it: each batch whole on
+        # every device of its mesh.
+        data = mesh_lib.put_replicated(data, mesh)
     roles = [role for role, part in parts for _ in jax.tree.leaves(part)]
     return kind, step, (state, data), roles
 
