@@ -5,11 +5,16 @@ partition graphs TensorFlow executed (run metadata), one per device, so tests
 and reports state what ran where rather than what was asked for, and the
 profiler's trace for how long each device's ops took.
 
+On the JAX backend a step is one program XLA compiles for its devices:
+the report compiles the model's step on the batch and reads that program
+(`xla`, `hlo`) instead.
+
 The modules, lowest level first: `graphs` (graph capture: executed nodes,
 ops and weights per device), `profiler` (the profiler's trace parsed into
 time per node and device), `step` (one observed step, the model restored
-after it), `table` (the report's rows and text) and `report`
-(`placement_report`).
+after it), `hlo` (a compiled XLA program's text: row slices, collectives,
+instructions), `xla` (the JAX step compiled and read), `table` (the
+report's rows and text) and `report` (`placement_report`).
 """
 
 from multigpu.devices import HOST_DEVICE

@@ -2,6 +2,7 @@
 
 import collections
 
+from multigpu import backends
 from multigpu import devices as devices_lib
 from multigpu.messages import setting
 from multigpu.placement import communication, profiler, step
@@ -46,6 +47,21 @@ def placement_report(model, x=None, y=None, print_table=True):
     runs four times (sized, observed, warm-up, profiled); weights, optimizer and
     metric state are restored afterwards, so the model is left unchanged.
 
+    On the JAX backend the step is compiled on the batch and not run: the
+    report reads the program XLA compiled for it (`multigpu.placement.xla`),
+    which every device of the executable runs on its share. Weights are
+    the step's variables on the devices of their compiled sharding, `ops`
+    the instructions of that program, `sent_bytes` and `received_bytes`
+    its collectives' ring traffic, and `time_share` is None. Each row also
+    has `rows` (the batch's rows the device computes on, XLA's padding
+    excluded: 3, 3, 3 and 1 for 10 rows on 4 devices; the whole batch on
+    each device of an unsplit step; 0 on a device outside the step),
+    `slice_rows` (the rows of its compiled slice, padding included) and
+    `collectives` (collective ops it runs per step); the report's
+    `.collectives` lists them and `.batch_rows` is the batch's rows. With
+    only `x` it is a prediction step; without `x`, the weights where their
+    arrays are.
+
     Args:
         model: A Keras model.
         x: Optional inputs of one batch (as for `predict_on_batch`). Without
@@ -71,7 +87,9 @@ def placement_report(model, x=None, y=None, print_table=True):
         TypeError: if `model` is not a `keras.Model`.
         ValueError: for `y` without `x`, `y` with an uncompiled model, or a
             non-bool `print_table`.
-        RuntimeError: if the step ran eagerly, so no graph was observed.
+        RuntimeError: if the step ran eagerly, so no graph was observed
+            (TensorFlow), or the compiled step's partitions have no known
+            devices (JAX).
 
     Example:
     >>> report = multigpu.placement_report(parallel, x[:64], y[:64])
@@ -82,6 +100,11 @@ def placement_report(model, x=None, y=None, print_table=True):
     []
     """
     step.check_report_args(model, x, y, print_table)
+    if backends.is_jax():
+        report = jax_report(model, x, y)
+        if print_table:
+            print(report.table())
+        return report
     variables = variables_by_device(model)
     nodes, times, transfers, notes = None, None, None, []
     if x is None:
@@ -144,3 +167,105 @@ def placement_report(model, x=None, y=None, print_table=True):
     if print_table:
         print(report.table())
     return report
+
+
+def jax_report(model, x, y):
+    """`placement_report` on the JAX backend, from the step XLA compiled.
+
+    The step is compiled on the batch, not run (`multigpu.placement.xla`):
+    the rows, weights, ops and collectives are those of the program each
+    device of the executable runs.
+    """
+    from multigpu.placement import xla  # imports JAX: on the JAX backend only
+
+    if x is None:
+        return jax_rows_report(model, xla.placed_weights(model), None, [
+            f"no batch given ({setting('x', None)}): weights only, where their "
+            "arrays are; pass x (and y) to read a compiled prediction "
+            "(training) step"])
+    if y is not None:
+        step.check_trainable(model)
+    compiled = xla.observe_compiled_step(model, x, y)
+    return jax_rows_report(model, compiled["weights"], compiled,
+                           jax_notes(compiled))
+
+
+def jax_notes(compiled):
+    """The notes of a JAX report: what was compiled, and how to read it."""
+    devices, kind = compiled["devices"], compiled["kind"]
+    notes = [
+        f"compiled, not run: jax.jit(model.{kind}_step) lowered on this "
+        "batch and compiled by XLA, as fit compiles it; one partitioned "
+        f"program, run by each of its {len(devices)} device(s)",
+    ]
+    total = compiled["batch_rows"]
+    if compiled["split"]:
+        size = next(iter(compiled["slice_rows"].values()))
+        padded = size * len(devices)
+        notes.append(
+            f"rows: the batch's {total} rows split by XLA, a slice of {size} "
+            f"per device" + (f" ({padded - total} row(s) of padding excluded)"
+                             if padded > total else ""))
+    elif total is not None:
+        notes.append(f"rows: the batch is not split (no device takes a slice "
+                     f"of it at an offset from its partition-id); each device "
+                     f"of the step computes on all {total} rows")
+    notes.append("ops: instructions of the compiled program (a fusion "
+                 "counts once; parameters, constants and tuples excluded)")
+    collectives = compiled["collectives"]
+    if collectives:
+        ops = collections.Counter(c.op for c in collectives)
+        notes.append(
+            "collectives per device and step: "
+            + ", ".join(f"{n} {op}" for op, n in sorted(ops.items()))
+            + f", {sum(c.bytes for c in collectives)} bytes in; sent and "
+            "received: the ring algorithm's bytes of each")
+    else:
+        notes.append("collectives: none in the compiled step")
+    notes.append("time share: not measured on JAX (the step is compiled, "
+                 "not run)")
+    return notes
+
+
+def jax_rows_report(model, weights, compiled, notes):
+    """A `PlacementReport` of JAX's placement: one row per device."""
+    transfers = None if compiled is None else compiled["transfers"]
+    moved = communication.bytes_by_device(transfers or [])
+    running = [] if compiled is None else compiled["devices"]
+    devices = report_devices(set(weights) | set(running))
+    counted = compiled is not None and compiled["batch_rows"] is not None
+
+    rows = [
+        {
+            "device": device,
+            "variables": weights.get(device, (0, 0))[0],
+            "variable_bytes": weights.get(device, (0, 0))[1],
+            "ops": None if compiled is None
+            else (compiled["ops"] if device in running else 0),
+            "time_share": None,
+            "sent_bytes": None if compiled is None
+            else moved.get(device, (0, 0))[0],
+            "received_bytes": None if compiled is None
+            else moved.get(device, (0, 0))[1],
+            "rows": compiled["rows"].get(device, 0) if counted else None,
+            "slice_rows": (compiled["slice_rows"].get(device, 0) if counted
+                           else None),
+            "collectives": None if compiled is None
+            else (len(compiled["collectives"]) if device in running else 0),
+        }
+        for device in devices
+    ]
+    if compiled is not None:
+        idle = [r["device"] for r in rows if not r["ops"]]
+        notes = notes + [
+            f"{len(rows) - len(idle)} of {len(rows)} devices run the step"
+            + (f"; idle: {', '.join(idle)}" if idle else "")]
+    return PlacementReport(
+        rows, notes, transfers=transfers,
+        gradient_bytes=gradient_bytes(model),
+        replicas=max(1, len(running)),
+        collectives=None if compiled is None else [
+            {"name": c.name, "op": c.op, "bytes": c.bytes,
+             "devices": len(running)} for c in compiled["collectives"]],
+        batch_rows=None if compiled is None else compiled["batch_rows"],
+    )

@@ -43,17 +43,26 @@ def step_runner(model, x, y):
     """
     if y is None:
         return (lambda: model.predict_on_batch(x)), "predict", "predict_function"
+    check_trainable(model)
+    if not model.optimizer.built:
+        # Built now (in the model's strategy) so that its state is restored.
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+    return (lambda: model.train_on_batch(x, y)), "train", "train_function"
+
+
+def check_trainable(model):
+    """Refuses targets for a model that has no training step.
+
+    Raises:
+        ValueError: if `model` is not compiled.
+    """
     if getattr(model, "optimizer", None) is None:
         raise ValueError(
             f"Invalid `y`: received targets, but model {literal(model.name)} is not "
             "compiled, so it has no training step. Call model.compile(...) "
             f"first, or pass {setting('y', None)} to observe a prediction step."
         )
-    if not model.optimizer.built:
-        # Built now (in the model's strategy) so that its state is restored.
-        with model.distribute_strategy.scope():
-            model.optimizer.build(model.trainable_variables)
-    return (lambda: model.train_on_batch(x, y)), "train", "train_function"
 
 
 class Restored:

@@ -39,15 +39,23 @@ class PlacementReport(list):
         replicas: Devices that ran ops in the step (the `n` of the bound).
         ring_bound_bytes: Bytes each of `replicas` devices sends in a ring
             all-reduce of `gradient_bytes`: `2 (n - 1) / n x gradient_bytes`.
+        collectives: On the JAX backend, the compiled step's collectives,
+            one dict each (`name`, `op` such as `"all-reduce"`, `bytes`
+            each device puts in, `devices` taking part); None on
+            TensorFlow or without a batch.
+        batch_rows: On the JAX backend, the rows of the batch the step was
+            compiled for; None on TensorFlow or without a batch.
     """
 
     def __init__(self, rows, notes, transfers=None, gradient_bytes=0,
-                 replicas=1):
+                 replicas=1, collectives=None, batch_rows=None):
         super().__init__(rows)
         self.notes = list(notes)
         self.transfers = transfers
         self.gradient_bytes = gradient_bytes
         self.replicas = replicas
+        self.collectives = collectives
+        self.batch_rows = batch_rows
         self.ring_bound_bytes = communication.ring_allreduce_bytes(
             gradient_bytes, replicas)
 
@@ -74,15 +82,19 @@ class PlacementReport(list):
         def show(value, formatter):
             return "-" if value is None else formatter(value)
 
+        # Columns of the JAX backend's rows only (see `placement_report`).
+        extra = [key for key in ("rows", "collectives")
+                 if any(key in row for row in self)]
         text = text_table(
             ("device", "variables", "variable bytes", "ops", "time share",
-             "sent", "received"),
+             "sent", "received", *extra),
             [(row["device"], str(row["variables"]),
               format_bytes(row["variable_bytes"]),
               show(row["ops"], str),
               show(row["time_share"], lambda v: f"{100 * v:.1f}%"),
               show(row["sent_bytes"], format_bytes),
-              show(row["received_bytes"], format_bytes))
+              show(row["received_bytes"], format_bytes),
+              *(show(row.get(key), str) for key in extra))
              for row in self],
         )
         if self.transfers is not None:
