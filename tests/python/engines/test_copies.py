@@ -64,7 +64,7 @@ def test_causal_lm_copies_weight_for_weight(factory, rng):
 
 def test_mirrored_engine_takes_a_causal_lm(rng):
     task = gpt2_causal_lm()
-    parallel = multigpu.multi_gpu_model(task, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(task, gpus=2, engine="mirrored")
     assert parallel.engine == "mirrored"
     x = token_batch(rng, 6)
     np.testing.assert_allclose(parallel.predict(x, verbose=0),
@@ -75,7 +75,7 @@ def test_session_lambda_trains_on_the_mirrored_engine(rng):
     template = _with_session_lambda()
     reference = _with_session_lambda()
     reference.set_weights(template.get_weights())
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     x = rng.standard_normal((10, 4)).astype("float32")
     y = rng.standard_normal((10, 2)).astype("float32")
     np.testing.assert_allclose(parallel.predict(x, verbose=0),
@@ -88,7 +88,7 @@ def test_session_lambda_trains_on_the_mirrored_engine(rng):
 
 def test_a_saved_lambda_still_loads_only_as_keras_allows(tmp_path):
     template = _with_session_lambda()
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     path = str(tmp_path / "with_lambda.keras")
     parallel.save(path)
     with pytest.raises(ValueError, match="Lambda"):
@@ -97,12 +97,12 @@ def test_a_saved_lambda_still_loads_only_as_keras_allows(tmp_path):
 
 def test_cpu_relocation_keeps_lambdas_and_task_classes(rng):
     template = _with_session_lambda()
-    parallel = multigpu.multi_gpu_model(template, gpus=4, cpu_relocation=True)
+    parallel = multigpu.multi_gpu_model(template, gpus=2, cpu_relocation=True)
     x = rng.standard_normal((6, 4)).astype("float32")
     np.testing.assert_allclose(parallel.predict(x, verbose=0),
                                template.predict(x, verbose=0), atol=TOL)
     task = gpt2_causal_lm()
-    relocated = multigpu.multi_gpu_model(task, gpus=4, cpu_relocation=True)
+    relocated = multigpu.multi_gpu_model(task, gpus=2, cpu_relocation=True)
     assert type(relocated.template) is type(task)
     assert max_weight_difference(relocated.template, task) == 0
 
@@ -115,7 +115,7 @@ def test_a_keras_hub_backbone_inside_a_functional_model(rng):
     template = keras.Model(inputs, keras.layers.Dense(2, name="head")(pooled))
     copy = copy_model(template)
     assert type(copy.get_layer(backbone.name)) is type(backbone)
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     x = token_batch(rng, 6, segments=True)
     np.testing.assert_allclose(parallel.predict(x, verbose=0),
                                template.predict(x, verbose=0), atol=TOL)
@@ -205,7 +205,7 @@ def test_adapted_preprocessing_reaches_the_copy(factory, rng):
     copy = copy_model(template)
     np.testing.assert_allclose(np.asarray(copy(x, training=False)), expected,
                                atol=TOL)
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     # Keras's predict takes strings as a tensor, not a NumPy object array.
     batch = tf.constant(x.astype(str)) if x.dtype == object else x
     np.testing.assert_allclose(parallel.predict(batch, verbose=0), expected,
@@ -219,7 +219,7 @@ def test_normalization_trains_like_the_template_on_the_mirrored_engine(rng):
     reference.get_layer("norm").finalize_state()
     x = rng.normal(5.0, 3.0, (12, 4)).astype("float32")
     y = rng.normal(size=(12, 2)).astype("float32")
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     for model in (parallel, reference):
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
         model.fit(x, y, batch_size=12, epochs=2, shuffle=False, verbose=0)
@@ -263,13 +263,13 @@ def test_a_copy_that_computes_otherwise_is_refused_naming_the_layer(factory):
             r"Invalid `model` for engine='mirrored': the copy of '\w+' gives "
             r"other outputs .*layer 'scaled' \(Scale\) computes otherwise.*"
             r"Use engine='replicate'")) as caught:
-        multigpu.multi_gpu_model(template, gpus=4, engine="mirrored")
+        multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
     assert isinstance(caught.value, CopyMismatch)
     assert caught.value.difference.difference > 0.1
     with pytest.raises(ValueError, match=(
             r"Invalid `model` for cpu_relocation=True: .*layer 'scaled'.*"
             r"keep cpu_relocation=False")):
-        multigpu.multi_gpu_model(template, gpus=4, cpu_relocation=True)
+        multigpu.multi_gpu_model(template, gpus=2, cpu_relocation=True)
 
 
 def test_auto_falls_back_to_the_replicate_engine_saying_why(

@@ -206,10 +206,10 @@ def test_each_replica_differentiates_on_its_device(rng):
 def test_the_default_keeps_statistics_per_replica(engine, rng):
     template, reference = _pair(_sequential)
     x, y = _dense_data(rng, 8)
-    parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine)
+    parallel = multigpu.multi_gpu_model(template, gpus=2, engine=engine)
     assert parallel.sync_batchnorm is False
     _train([parallel, reference], x, y, "mse", batch_size=8)
-    # Two rows per replica normalise differently from eight: the
+    # Four rows per replica normalise differently from eight: the
     # difference sync_batchnorm removes.
     assert max_weight_difference(template, reference) > 1e-3
 
@@ -218,7 +218,7 @@ def test_predictions_are_the_templates(rng):
     template, _ = _pair(_branches)
     x, _ = _image_data(rng, 10)
     for engine in ENGINES:
-        parallel = multigpu.multi_gpu_model(template, gpus=4, engine=engine,
+        parallel = multigpu.multi_gpu_model(template, gpus=2, engine=engine,
                                             sync_batchnorm=True)
         np.testing.assert_allclose(
             parallel.predict(x, batch_size=10, verbose=0),
@@ -229,30 +229,30 @@ def test_predictions_are_the_templates(rng):
 @pytest.mark.parametrize("value", ["yes", 1, 0.5, [True], np.array([True])])
 def test_invalid_values_are_named_with_the_fix(value):
     with pytest.raises(ValueError) as caught:
-        multigpu.multi_gpu_model(_sequential(), gpus=4, sync_batchnorm=value)
+        multigpu.multi_gpu_model(_sequential(), gpus=2, sync_batchnorm=value)
     message = str(caught.value)
     assert "`sync_batchnorm`" in message
     assert "received" in message and "sync_batchnorm=True" in message
 
 
 def test_none_is_the_backends_default_per_replica_statistics_on_tensorflow():
-    parallel = multigpu.multi_gpu_model(_sequential(), gpus=4, sync_batchnorm=None)
+    parallel = multigpu.multi_gpu_model(_sequential(), gpus=2, sync_batchnorm=None)
     assert parallel.sync_batchnorm is False
 
 
 def test_numpy_bools_are_accepted():
-    parallel = multigpu.multi_gpu_model(_sequential(), gpus=4,
+    parallel = multigpu.multi_gpu_model(_sequential(), gpus=2,
                                         sync_batchnorm=np.bool_(True))
     assert parallel.sync_batchnorm is True
 
 
 def test_replicate_engine_refuses_batch_norm_inside_code():
     with pytest.raises(ValueError, match="engine='mirrored'") as caught:
-        multigpu.multi_gpu_model(_subclassed(), gpus=4, engine="replicate",
+        multigpu.multi_gpu_model(_subclassed(), gpus=2, engine="replicate",
                                  sync_batchnorm=True)
     assert "sync_batchnorm=True" in str(caught.value)
     # Without sync_batchnorm the replicate engine takes it, as always.
-    multigpu.multi_gpu_model(_subclassed(), gpus=4, engine="replicate")
+    multigpu.multi_gpu_model(_subclassed(), gpus=2, engine="replicate")
 
 
 def test_batch_norm_inside_code_is_found_at_any_depth():
@@ -264,7 +264,7 @@ def test_batch_norm_inside_code_is_found_at_any_depth():
     problem = sync_batchnorm.walk_problem(outer)
     assert problem and "'subclassed_bn'" in problem
     with pytest.raises(ValueError, match="engine='mirrored'"):
-        multigpu.multi_gpu_model(outer, gpus=4, engine="replicate",
+        multigpu.multi_gpu_model(outer, gpus=2, engine="replicate",
                                  sync_batchnorm=True)
     assert sync_batchnorm.walk_problem(_nested()) is None
 
@@ -273,7 +273,7 @@ def test_auto_runs_the_mirrored_engine_for_batch_norm_inside_code(rng):
     template, reference = _pair(_subclassed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        parallel = multigpu.multi_gpu_model(template, gpus=4,
+        parallel = multigpu.multi_gpu_model(template, gpus=2,
                                             sync_batchnorm=True)
     assert parallel.engine == "mirrored"
     assert "sync_batchnorm=True" in parallel.engine_reason
@@ -287,13 +287,13 @@ def test_models_without_batch_norm_take_it_on_either_engine(rng):
     # Nothing to pool: a subclassed model without BatchNormalization stays
     # on the replicate engine, and trains as its template.
     template = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-    parallel = multigpu.multi_gpu_model(template, gpus=4,
+    parallel = multigpu.multi_gpu_model(template, gpus=2,
                                         engine="replicate",
                                         sync_batchnorm=True)
     assert parallel.engine == "replicate"
     model = _SubclassedPlain(name="no_bn")
     model(np.zeros((1, 4), "float32"))
-    parallel = multigpu.multi_gpu_model(model, gpus=4, sync_batchnorm=True)
+    parallel = multigpu.multi_gpu_model(model, gpus=2, sync_batchnorm=True)
     assert parallel.engine == "replicate"
 
 
@@ -303,13 +303,13 @@ def test_renorm_is_refused_by_name():
         keras.layers.BatchNormalization(renorm=True, name="renormed")])
     for engine in ENGINES:
         with pytest.raises(ValueError, match="renormed"):
-            multigpu.multi_gpu_model(model, gpus=4, engine=engine,
+            multigpu.multi_gpu_model(model, gpus=2, engine=engine,
                                      sync_batchnorm=True)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_setting_is_in_the_config(engine):
-    parallel = multigpu.multi_gpu_model(_sequential(), gpus=4,
+    parallel = multigpu.multi_gpu_model(_sequential(), gpus=2,
                                         engine=engine, sync_batchnorm=True)
     config = parallel.get_config()
     assert config["sync_batchnorm"] is True
