@@ -91,12 +91,13 @@ $(R_STAMP):
 	touch $@
 
 # Every step CI runs, in this order; each step can also be run alone.
-# The R package's check keeps one core busy for most of its time, as does
-# the scenarios' parity (R embedded in one pytest process), then the JAX
-# engine's tests: they run side by side.
+# The R package's check, the scenarios' parity (R embedded in one pytest
+# process) and the JAX engine's tests each keep about one core busy: they
+# run at the same time, so that no core waits for the longest of them.
 test: setup lint test-python
 	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r" \
-	  "$(MAKE) --no-print-directory test-r-parity test-python-jax"
+	  "$(MAKE) --no-print-directory test-r-parity" \
+	  "$(MAKE) --no-print-directory test-python-jax"
 	bash .ci/beside.sh "$(MAKE) --no-print-directory docs" \
 	  "$(MAKE) --no-print-directory test-r-zero-setup bench-quick"
 

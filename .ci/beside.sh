@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# Runs two commands side by side (for steps that each keep one core busy, or
-# wait on downloads): the second's output goes to a log, printed when both
-# are done. Fails when either failed.
+# Runs commands side by side (steps that each keep a core busy, or wait on
+# downloads): the first in the foreground, each other one into a log that is
+# printed when all are done. Fails when any failed.
 #
-#   bash .ci/beside.sh "make test-r" "make test-r-parity"
+#   bash .ci/beside.sh "make test-r" "make test-r-parity" "make test-python-jax"
 set -uo pipefail
 mkdir -p out
-log=$(mktemp out/beside.XXXXXX.log)
-bash -c "$2" >"$log" 2>&1 &
-second=$!
-bash -c "$1"
-first_status=$?
-wait "$second"
-second_status=$?
-echo "== $2 (ran beside $1; exit $second_status)"
-cat "$log"
-rm -f "$log"
-[ "$first_status" -eq 0 ] || echo "beside: '$1' failed ($first_status)" >&2
-[ "$second_status" -eq 0 ] || echo "beside: '$2' failed ($second_status)" >&2
-[ "$first_status" -eq 0 ] && [ "$second_status" -eq 0 ]
+first="$1"
+shift
+logs=()
+pids=()
+for command in "$@"; do
+  log=$(mktemp out/beside.XXXXXX.log)
+  bash -c "$command" >"$log" 2>&1 &
+  pids+=("$!")
+  logs+=("$log")
+done
+bash -c "$first"
+status=$?
+failed=0
+[ "$status" -eq 0 ] || { echo "beside: '$first' failed ($status)" >&2; failed=1; }
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"
+  status=$?
+  echo "== ${*:$((i + 1)):1} (ran beside $first; exit $status)"
+  cat "${logs[$i]}"
+  rm -f "${logs[$i]}"
+  [ "$status" -eq 0 ] || { echo "beside: '${*:$((i + 1)):1}' failed ($status)" >&2; failed=1; }
+done
+exit "$failed"
