@@ -44,6 +44,21 @@ scenario_files <- function(dir = scenario_dir()) {
   sort(list.files(dir, pattern = "[.]json$", full.names = TRUE))
 }
 
+# The Keras backends a scenario applies to: its "backends" list, TensorFlow
+# alone when it has none.
+scenario_backends <- function(scenario) {
+  unlist(scenario$backends) %||% "tensorflow"
+}
+
+# The scenario files that apply to `backend` ("tensorflow" or "jax").
+scenario_files_for <- function(backend, dir = scenario_dir()) {
+  files <- scenario_files(dir)
+  applies <- vapply(files, function(path) {
+    backend %in% scenario_backends(jsonlite::fromJSON(path, simplifyVector = FALSE))
+  }, logical(1))
+  files[applies]
+}
+
 # JSON numbers are read as R users write numbers, as doubles (jsonlite reads
 # whole numbers as integers), so the R API's own coercion is exercised.
 read_scenario <- function(path) {
