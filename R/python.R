@@ -216,14 +216,16 @@ has_uv <- function() {
 #' builds one from the `py_require()` declarations: keras3's TensorFlow for
 #' this machine, and the multigpu Python package this R package carries, with
 #' TensorFlow 2.21, Keras 3.15 and NumPy 2 pinned by the package's constraints
-#' file. When something is wrong the first call signals a
+#' file. On the JAX backend (`keras3::use_backend("jax")`, called before
+#' Python starts) keras3 declares JAX, and multigpu its `jax` extra, which
+#' holds JAX to the range multigpu is tested with. When something is wrong the first call signals a
 #' `multigpu_unavailable_error` naming the fix (a `multigpu_version_error`
 #' too when only the core's version differs from the R package's).
 #'
 #' @returns `multigpu_config()`: a list of class `multigpu_config` with
 #'   `python` (the executable), `versions` (a named character vector:
-#'   `python`, `numpy`, `tensorflow`, `keras`, `multigpu`; `NA` for what is
-#'   missing), `available` and `problem` (`NULL`, or the message).
+#'   `python`, `numpy`, `tensorflow`, `keras`, `multigpu`, and `jax` on the
+#'   JAX backend; `NA` for what is missing), `available` and `problem` (`NULL`, or the message).
 #'   `is_multigpu_available()`: `TRUE` or `FALSE`.
 #' @family multigpu environment
 #' @export
