@@ -1,12 +1,12 @@
 # multigpu on Keras's JAX backend, from R, as a keras3 user writes it:
-#   Rscript jax.R OUT.rds HELPER_SCENARIOS.R SCENARIO_DIR
+#   Rscript jax.R OUT.rds HELPER_SCENARIOS.R SCENARIO.json...
 # Keras chooses its backend once per process, and the testthat processes run
 # TensorFlow: test-jax.R runs this script in an R process of its own. It
 # writes OUT.rds: the devices and the engine, the largest differences between
 # a model trained through multi_gpu_model(gpus = 4) and the same model
 # trained on one device, the errors of the arguments JAX refuses, and, for
-# each shared scenario that applies on JAX ("jax" in its "backends"), NULL or
-# the failure.
+# each shared scenario given (test-jax.R picks some of those with "jax" in
+# their "backends"), NULL or the failure.
 library(keras3)
 use_backend("jax")
 source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
@@ -78,11 +78,10 @@ result$errors <- list(
   engine = refused(gpus = 4, engine = "replicate"),
   gpus = refused(gpus = 1))
 
-# The shared scenarios that apply on JAX, through the R runner.
+# Shared scenarios, through the R runner.
 source(args[[2]])
-Sys.setenv(MULTIGPU_SCENARIO_DIR = args[[3]])
 result$scenarios <- list()
-for (path in scenario_files_for("jax")) {
+for (path in args[-(1:2)]) {
   name <- sub("[.]json$", "", basename(path))
   result$scenarios[name] <- list(tryCatch({
     suppress_multigpu_warnings(run_scenario(path, tempfile(paste0("jax-", name))))
