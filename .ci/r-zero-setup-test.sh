@@ -17,6 +17,16 @@
 #    py_require() declarations of keras3 and multigpu. Timed.
 # 2. A second session, the same script: reticulate reuses the cached
 #    environment. Timed.
+# 2b. The JAX backend, only with MULTIGPU_ZERO_SETUP_JAX=1:
+#    library(keras3); use_backend("jax"); library(multigpu), and the same
+#    training through the JAX engine. reticulate builds a second environment
+#    from the JAX declarations (keras3's JAX build, multigpu's `jax` extra),
+#    uv's cache already holding the rest; the JAX there must be in the
+#    extra's range. Timed. Off by default: it downloads jaxlib (81.5 MiB)
+#    and builds a second environment, which took 112 s on the 2 shared CI
+#    cores (the cached TensorFlow session beside it: 80 s), more than the
+#    CI time budget allows for it. Run it before a release or when the
+#    JAX requirements change: MULTIGPU_ZERO_SETUP_JAX=1 make test-r-zero-setup.
 # 3. Without uv (none on the PATH, in HOME or reticulate's cache, and its
 #    download blocked by a proxy on a closed local port, so nothing leaves
 #    the machine): the first call is a multigpu_unavailable_error saying to
@@ -113,6 +123,49 @@ fresh_r "$path" "$libs"
 second=$((SECONDS - start))
 echo "zero set-up: first session ${first} s, second session (cached) ${second} s"
 
+jax_time="skipped (MULTIGPU_ZERO_SETUP_JAX=1 runs it)"
+if [ "${MULTIGPU_ZERO_SETUP_JAX:-0}" = 1 ]; then
+  echo "== the JAX backend: keras3::use_backend(\"jax\"), a second environment"
+  script='
+library(keras3)
+use_backend("jax")
+library(multigpu)
+stopifnot(!reticulate::py_available())
+virtual_devices(2)
+set_random_seed(1)
+model <- keras_model_sequential(input_shape = 4) |>
+  layer_dense(8, activation = "relu") |>
+  layer_dense(3, activation = "softmax")
+parallel <- multi_gpu_model(model, gpus = 2)
+stopifnot(identical(parallel$engine, "jax"), isTRUE(parallel$sync_batchnorm))
+parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
+x <- scale(as.matrix(iris[, 1:4]))
+y <- as.integer(iris$Species) - 1L
+history <- parallel |> fit(x, y, epochs = 5, batch_size = 16, verbose = 0)
+loss <- history$metrics$loss
+cat("loss by epoch:", format(loss, digits = 4), "\n")
+stopifnot(length(loss) == 5, all(is.finite(loss)), loss[5] < loss[1])
+config <- multigpu_config()
+print(config)
+stopifnot(config$available, identical(config_backend(), "jax"))
+# JAX in the range of the core'"'"'s jax extra (pyproject.toml, read from the
+# installed core'"'"'s metadata).
+reticulate::py_run_string(paste(
+  "import importlib.metadata as m",
+  "from packaging.requirements import Requirement",
+  "extra = [Requirement(r) for r in m.requires(\"multigpu\") if r.startswith(\"jax\")]",
+  "jax_range = str(extra[0].specifier)",
+  "jax_in_range = extra[0].specifier.contains(m.version(\"jax\"))",
+  sep = "\n"))
+cat("JAX", config$versions[["jax"]], "in", reticulate::py$jax_range, "\n")
+stopifnot(isTRUE(reticulate::py$jax_in_range))
+cat("zero set-up on JAX: OK\n")
+'
+  start=$SECONDS
+  fresh_r "$path" "$libs"
+  jax_time="$((SECONDS - start)) s"
+fi
+
 echo "== without uv: the first call says what to do"
 script='
 library(multigpu)
@@ -130,4 +183,4 @@ fresh_r "$(dirname "$rscript"):/usr/bin:/bin" "$work/library:$current_lib" \
   R_USER_CACHE_DIR="$work/no-uv" https_proxy=http://127.0.0.1:9 \
   http_proxy=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 ALL_PROXY=http://127.0.0.1:9
 
-echo "zero set-up: first session ${first} s, second session (cached) ${second} s"
+echo "zero set-up: first session ${first} s, second session (cached) ${second} s, JAX session ${jax_time}"

@@ -10,6 +10,9 @@
 #' @noRd
 core <- function(call = caller_env()) {
   if (!isTRUE(.globals$ready)) {
+    # The backend may have changed since the package loaded
+    # (keras3::use_backend()); nothing is declared once Python runs.
+    declare_python_requirements()
     problem <- python_problem()
     if (!is.null(problem)) {
       multigpu_abort(

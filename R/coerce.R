@@ -161,13 +161,17 @@ check_count_in_factor <- function(x, arg, call) {
 #' `NA`, which reticulate would send as `TRUE`, is refused. Other values go
 #' to the core, which names what it takes, unless `meaning` (what each
 #' choice does) is given: then R refuses all but `TRUE` and `FALSE` and the
-#' message says what they do.
+#' message says what they do. With `null_ok`, `NULL` (the core's default)
+#' is returned as is.
 #' @noRd
-as_flag <- function(x, arg = caller_arg(x), meaning = NULL, call = caller_env()) {
+as_flag <- function(x, arg = caller_arg(x), meaning = NULL, null_ok = FALSE,
+                    call = caller_env()) {
+  if (is.null(x) && null_ok) return(NULL)
   single <- is.logical(x) && length(x) == 1L
   if (single && !is.na(x) || !single && is.null(meaning)) return(x)
   multigpu_abort(sprintf(
-    "`%s` must be TRUE or FALSE, not %s.%s", arg, describe(x),
+    "`%s` must be %sTRUE or FALSE, not %s.%s", arg,
+    if (null_ok) "NULL, " else "", describe(x),
     if (is.null(meaning)) "" else paste0(" ", meaning, ".")
   ), call = call)
 }

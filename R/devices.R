@@ -12,6 +12,14 @@
 #' `multigpu_runtime_error` naming what exists (remove it with `rm()`, or
 #' restart R).
 #'
+#' On the JAX backend (`keras3::use_backend("jax")`) it sets JAX's number of
+#' CPU devices, which JAX reads once, when it starts: call it before building
+#' a model or creating a tensor, and before keras3 has started Python if you
+#' can (keras3 makes a tensor as soon as Keras loads, and JAX, unlike
+#' TensorFlow, cannot be restarted: a different `n` then signals a
+#' `multigpu_runtime_error` saying to restart R). There only `"CPU"` and
+#' `threads = NULL` apply.
+#'
 #' @param n Number of logical devices, a whole number >= 1.
 #' @param device_type `"CPU"` (default) or `"GPU"`.
 #' @param memory_limit For `"GPU"`, the memory of each logical GPU in MiB
@@ -42,6 +50,10 @@ virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
     # core sets it too (and clears it for threads = 0).
     Sys.setenv(TF_OVERRIDE_GLOBAL_THREADPOOL = "1")
   }
+  if (identical(keras_backend(), "jax") &&
+      identical(toupper(as.character(device_type)), "CPU")) {
+    set_jax_cpu_devices(n)
+  }
   start_core_for_configuration()
   call_core("virtual_devices", n, device_type = device_type,
             memory_limit = as_count(memory_limit), threads = threads)
@@ -62,6 +74,27 @@ virtual_devices <- function(n, device_type = "CPU", memory_limit = NULL,
 #' available_devices()
 available_devices <- function() {
   lapply(call_core("available_devices"), as.character)
+}
+
+#' JAX's CPU device count, for a JAX not imported yet.
+#'
+#' Importing the core imports Keras, whose keras3 load hook makes a tensor,
+#' which starts JAX with its default devices before the core could set
+#' `jax_num_cpu_devices`. JAX reads that option's environment variable when
+#' it is imported, so it is set first, in R's environment (for a Python not
+#' started yet) and in Python's (for one keras3 started). Once JAX runs it
+#' changes nothing, and the core says whether it came too late.
+#' @noRd
+set_jax_cpu_devices <- function(n) {
+  if (reticulate::py_available(initialize = FALSE)) {
+    if (reticulate::py_eval("'jax' in __import__('sys').modules")) {
+      return(invisible(FALSE))
+    }
+    reticulate::import("os")$environ$update(
+      list(JAX_NUM_CPU_DEVICES = as.character(n)))
+  }
+  Sys.setenv(JAX_NUM_CPU_DEVICES = as.character(n))
+  invisible(TRUE)
 }
 
 #' Import the core, then free what R no longer references.

@@ -43,8 +43,11 @@
 #' @param tolerance The relative tolerance, a number >= 0.
 #' @param sync_batchnorm `TRUE` builds the engine's model with
 #'   `multi_gpu_model(sync_batchnorm = TRUE)` (batch normalization
-#'   statistics over the whole batch); `FALSE` (the default) as
-#'   [multi_gpu_model()] does by default. Not with `engine = "strategy"`.
+#'   statistics over the whole batch); `FALSE` with
+#'   `multi_gpu_model(sync_batchnorm = FALSE)` (each device's share);
+#'   `NULL` (the default) as [multi_gpu_model()] does by default, the
+#'   backend's choice (`FALSE` on TensorFlow). `TRUE` is not for
+#'   `engine = "strategy"`.
 #' @returns An object of class `multigpu_equivalence`, a list with `equal`
 #'   (`TRUE` when every quantity agrees), `differences` (a named numeric
 #'   vector, the largest absolute difference of `loss`, each metric,
@@ -78,7 +81,7 @@ check_equivalence <- function(model, x, y, gpus = NULL,
                               engine = c("auto", "replicate", "mirrored",
                                          "strategy"),
                               steps = 3, batch_size = NULL, tolerance = 1e-4,
-                              sync_batchnorm = FALSE) {
+                              sync_batchnorm = NULL) {
   check_model(model)
   if (missing(engine)) engine <- engine[[1L]]
   dtype <- input_dtype(model)
@@ -90,7 +93,8 @@ check_equivalence <- function(model, x, y, gpus = NULL,
                       steps = as_count(steps, null_ok = FALSE),
                       batch_size = as_count(batch_size),
                       tolerance = tolerance,
-                      sync_batchnorm = as_flag(sync_batchnorm))
+                      sync_batchnorm = as_flag(sync_batchnorm, null_ok = TRUE),
+                      .optional = "sync_batchnorm")
   differences <- report$differences
   structure(
     list(equal = report$equal,

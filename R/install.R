@@ -6,7 +6,9 @@
 #' as `keras3::install_keras()` makes one: it creates `envname` and installs
 #' into it with pip the multigpu Python package this R package carries, with
 #' TensorFlow 2.21 (the CPU build, or CUDA's with `gpu = TRUE`) and Keras
-#' 3.15. The default `r-multigpu` is found by itself in a new R session.
+#' 3.15, and on the JAX backend (`keras3::use_backend("jax")` first) JAX in
+#' the range multigpu is tested with. The default `r-multigpu` is found by
+#' itself in a new R session.
 #'
 #' @param envname Name of the virtual environment (in reticulate's
 #'   virtualenv root, `$WORKON_HOME` or `~/.virtualenvs`), or a path.
@@ -41,7 +43,8 @@ install_multigpu <- function(envname = "r-multigpu", gpu = NA, demo = TRUE,
   if (is.na(gpu)) {
     gpu <- identical(Sys.info()[["sysname"]], "Linux") && nzchar(Sys.which("nvidia-smi"))
   }
-  extras <- c(if (gpu) "gpu" else "cpu", if (isTRUE(as_flag(demo))) "demo")
+  extras <- c(if (gpu) "gpu" else "cpu", backend_extras(),
+              if (isTRUE(as_flag(demo))) "demo")
   packages <- c(core_requirement(extras), as.character(extra_packages))
   if (isTRUE(as_flag(new_env)) && reticulate::virtualenv_exists(envname)) {
     reticulate::virtualenv_remove(envname, confirm = FALSE)

@@ -46,14 +46,30 @@
 #'
 #' @section Batch statistics:
 #' BatchNormalization is the one layer whose training step depends on the
-#' rows it sees together. By default every replica normalises its own share:
-#' with a batch of 8 on 4 devices each layer normalises over 2 rows, and the
-#' moving statistics follow those small shares. This is cheap and is what
-#' the original function did; it is fine when each device gets dozens of
-#' rows. `sync_batchnorm = TRUE` pools the statistics over the whole batch:
-#' choose it for small per-device batches, or when the result must match
-#' training on one device. The package's `docs/benchmarks.md` gives its
-#' measured cost.
+#' rows it sees together. On the TensorFlow backend, by default
+#' (`sync_batchnorm = NULL`, read as `FALSE`), every replica normalises its
+#' own share: with a batch of 8 on 4 devices each layer normalises over 2
+#' rows, and the moving statistics follow those small shares. This is cheap
+#' and is what the original function did; it is fine when each device gets
+#' dozens of rows. `sync_batchnorm = TRUE` pools the statistics over the
+#' whole batch: choose it for small per-device batches, or when the result
+#' must match training on one device. The package's `docs/benchmarks.md`
+#' gives its measured cost. On the JAX backend the statistics are always the
+#' whole batch's (`NULL` is read as `TRUE` there, and `FALSE` is refused).
+#'
+#' @section On the JAX backend:
+#' After `keras3::use_backend("jax")` (before keras3 starts Python) the call
+#' is the same, with the same `gpus` forms and the same errors. One engine
+#' runs there, `"jax"`: the template's weights are kept on every device and
+#' XLA splits each whole batch across the devices inside the compiled
+#' training step, unevenly when the rows do not divide (the last batch of an
+#' epoch, or fewer rows than devices), with the template's numbers. So
+#' `engine` is `"auto"` or `"jax"`, `cpu_merge = FALSE` (XLA gathers the
+#' outputs; there is no merge to place), `cpu_relocation = TRUE` (the
+#' weights live on every device) and `sync_batchnorm = FALSE` are refused,
+#' each with the reason. The returned model has `$template`, `$devices`,
+#' `$engine` and `$engine_reason`. Call [virtual_devices()] before building
+#' a model, as on TensorFlow: JAX fixes its number of devices when it starts.
 #'
 #' @section Losses added by layers, and models with steps of their own:
 #' Layers may add losses while they run (`activity_regularizer`, or
@@ -102,18 +118,22 @@
 #'   `"mirrored"` on 3 or more GPUs (see "How `engine = "auto"` chooses");
 #'   `"replicate"` (slice each batch between replicas of the template, as
 #'   described above); or `"mirrored"` (train a copy of the template under a
-#'   mirrored strategy, copying the weights back to the template).
-#' @param sync_batchnorm `FALSE` (default): each replica's
+#'   mirrored strategy, copying the weights back to the template). On the
+#'   JAX backend `"auto"` or `"jax"` (see "On the JAX backend").
+#' @param sync_batchnorm `NULL` (default): the backend's choice, `FALSE` on
+#'   TensorFlow and `TRUE` on JAX. `FALSE`: each replica's
 #'   BatchNormalization layers compute their batch statistics over its own
-#'   share of the batch, as the original `multi_gpu_model()` did. `TRUE`:
-#'   over the whole batch, so one training step equals the template's step
-#'   on that batch, moving statistics included, at the cost of pooling the
-#'   statistics of every BatchNormalization layer in every step (see "Batch
-#'   statistics"). With `engine = "replicate"` the model must be functional
-#'   or sequential; `engine = "auto"` runs the mirrored engine for a
-#'   subclassed one, with a warning.
-#' @returns A Keras model (a Python `ParallelModel`, or `MirroredModel` for
-#'   the mirrored engine) used just like `model`:
+#'   share of the batch, as the original `multi_gpu_model()` did
+#'   (TensorFlow only). `TRUE`: over the whole batch, so one training step
+#'   equals the template's step on that batch, moving statistics included,
+#'   at the cost, on TensorFlow, of pooling the statistics of every
+#'   BatchNormalization layer in every step (see "Batch statistics"). With
+#'   `engine = "replicate"` the model must be functional or sequential;
+#'   `engine = "auto"` runs the mirrored engine for a subclassed one, with a
+#'   warning.
+#' @returns A Keras model (a Python `ParallelModel`, `MirroredModel` for
+#'   the mirrored engine, or `ShardedModel` on the JAX backend) used just
+#'   like `model`:
 #'   [compile()][keras3::compile.keras.src.models.model.Model],
 #'   [fit()][keras3::fit.keras.src.models.model.Model],
 #'   [evaluate()][keras3::evaluate.keras.src.models.model.Model],
@@ -145,17 +165,18 @@
 #' parallel_model |> evaluate(dataset, verbose = 0)
 multi_gpu_model <- function(model, gpus = NULL, cpu_merge = TRUE,
                             cpu_relocation = FALSE, engine = "auto",
-                            sync_batchnorm = FALSE) {
+                            sync_batchnorm = NULL) {
   call_core("multi_gpu_model", check_model(model),
             gpus = as_device_list(gpus),
             cpu_merge = as_flag(cpu_merge),
             cpu_relocation = as_flag(cpu_relocation),
             engine = as_string(engine),
             sync_batchnorm = as_flag(
-              sync_batchnorm,
+              sync_batchnorm, null_ok = TRUE,
               meaning = paste(
                 "TRUE takes BatchNormalization statistics over the whole",
-                "batch (a step equals the template's); FALSE, the default,",
-                "over each replica's share")),
+                "batch (a step equals the template's); FALSE over each",
+                "replica's share (TensorFlow only); NULL, the default, is the",
+                "backend's choice: FALSE on TensorFlow, TRUE on JAX")),
             .optional = "engine")
 }

@@ -8,12 +8,17 @@ supported_python <- ">=3.10,<3.14"
 
 #' Declare what multigpu needs with `py_require()`.
 #'
-#' The core this package carries (as a local path), the Python versions it
-#' supports, and `inst/python/constraints.txt` appended to `UV_CONSTRAINT`,
-#' which pins TensorFlow, Keras and NumPy to the tested releases without
-#' naming a TensorFlow distribution: keras3 (imported, so loaded first) has
-#' declared the one for this machine (the CPU build, or CUDA's on Linux with
-#' an NVIDIA GPU). Declarations only count before Python starts.
+#' The core this package carries (as a local path), with the extras of the
+#' Keras backend (`jax` on JAX, whose tested range pyproject.toml holds),
+#' the Python versions it supports, and `inst/python/constraints.txt`
+#' appended to `UV_CONSTRAINT`, which pins TensorFlow, Keras and NumPy to
+#' the tested releases without naming a TensorFlow distribution: keras3
+#' (imported, so loaded first) has declared the one for this machine (the
+#' CPU build, or CUDA's on Linux with an NVIDIA GPU), and on JAX its JAX
+#' build. Declarations only count before Python starts: this runs when the
+#' package loads and again before the core's first call starts Python, so
+#' that a `keras3::use_backend()` between the two is followed (the last
+#' backend wins, as in keras3).
 #' @noRd
 declare_python_requirements <- function() {
   if (reticulate::py_available(initialize = FALSE)) return(invisible(FALSE))
@@ -22,9 +27,29 @@ declare_python_requirements <- function() {
   if (!grepl(constraints, current, fixed = TRUE)) {
     Sys.setenv(UV_CONSTRAINT = trimws(paste(current, constraints)))
   }
-  reticulate::py_require(core_requirement(),
-                         python_version = supported_python)
+  wanted <- core_requirement(backend_extras())
+  declared <- reticulate::py_require()$packages
+  if (wanted %in% declared) return(invisible(TRUE))
+  # The core declared for another backend.
+  stale <- grep("^multigpu(\\[[^]]*\\])? @ ", declared, value = TRUE)
+  if (length(stale)) reticulate::py_require(stale, action = "remove")
+  reticulate::py_require(wanted, python_version = supported_python)
   invisible(TRUE)
+}
+
+#' The Keras backend keras3 chose: its `use_backend()` (and its load hook,
+#' with `"tensorflow"` unless told otherwise) sets `KERAS_BACKEND`.
+#' @noRd
+keras_backend <- function() {
+  sub("-(cpu|gpu)$", "", Sys.getenv("KERAS_BACKEND", unset = "tensorflow"))
+}
+
+#' The core's extras that `backend` needs: `jax` on JAX (JAX itself, in the
+#' range the core is tested with), none on TensorFlow, whose distribution
+#' keras3 declares.
+#' @noRd
+backend_extras <- function(backend = keras_backend()) {
+  if (identical(backend, "jax")) "jax" else character()
 }
 
 #' The core as a requirement: `"multigpu @ file:///..."`, or with `extras`
@@ -89,9 +114,14 @@ versions_problem <- function(versions, python,
     return(sprintf("%s is Python %s; multigpu needs Python %s. %s", where,
                    versions[["python"]], supported_python, fix))
   }
-  for (name in c("tensorflow", "keras", "multigpu")) {
+  needed <- c("tensorflow", "keras", "multigpu",
+              if ("jax" %in% names(versions)) "jax")
+  for (name in needed) {
     if (is.na(versions[[name]])) {
-      return(sprintf("%s has no %s package. %s", where, name, fix))
+      return(sprintf("%s has no %s package%s. %s", where, name,
+                     if (name == "jax") paste(
+                       ", which the JAX backend (keras3::use_backend(\"jax\"))",
+                       "needs") else "", fix))
     }
   }
   if (!startsWith(versions[["tensorflow"]], "2.21.")) {
@@ -109,9 +139,10 @@ versions_problem <- function(versions, python,
 }
 
 #' Versions in the running Python, read from package metadata (nothing is
-#' imported, so TensorFlow's devices stay unconfigured).
+#' imported, so TensorFlow's devices stay unconfigured); JAX's too on the
+#' JAX backend.
 #' @noRd
-python_versions <- function() {
+python_versions <- function(backend = keras_backend()) {
   metadata <- reticulate::import("importlib.metadata")
   version_of <- function(...) {
     for (distribution in c(...)) {
@@ -126,7 +157,8 @@ python_versions <- function() {
     tensorflow = version_of("tensorflow", "tensorflow-cpu", "tensorflow-macos",
                             "tensorflow-intel"),
     keras = version_of("keras"),
-    multigpu = version_of("multigpu"))
+    multigpu = version_of("multigpu"),
+    jax = if (identical(backend, "jax")) version_of("jax"))
 }
 
 #' Why reticulate could not start Python, and the fix.
@@ -184,14 +216,16 @@ has_uv <- function() {
 #' builds one from the `py_require()` declarations: keras3's TensorFlow for
 #' this machine, and the multigpu Python package this R package carries, with
 #' TensorFlow 2.21, Keras 3.15 and NumPy 2 pinned by the package's constraints
-#' file. When something is wrong the first call signals a
+#' file. On the JAX backend (`keras3::use_backend("jax")`, called before
+#' Python starts) keras3 declares JAX, and multigpu its `jax` extra, which
+#' holds JAX to the range multigpu is tested with. When something is wrong the first call signals a
 #' `multigpu_unavailable_error` naming the fix (a `multigpu_version_error`
 #' too when only the core's version differs from the R package's).
 #'
 #' @returns `multigpu_config()`: a list of class `multigpu_config` with
 #'   `python` (the executable), `versions` (a named character vector:
-#'   `python`, `numpy`, `tensorflow`, `keras`, `multigpu`; `NA` for what is
-#'   missing), `available` and `problem` (`NULL`, or the message).
+#'   `python`, `numpy`, `tensorflow`, `keras`, `multigpu`, and `jax` on the
+#'   JAX backend; `NA` for what is missing), `available` and `problem` (`NULL`, or the message).
 #'   `is_multigpu_available()`: `TRUE` or `FALSE`.
 #' @family multigpu environment
 #' @export

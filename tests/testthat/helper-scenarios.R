@@ -44,6 +44,21 @@ scenario_files <- function(dir = scenario_dir()) {
   sort(list.files(dir, pattern = "[.]json$", full.names = TRUE))
 }
 
+# The Keras backends a scenario applies to: its "backends" list, TensorFlow
+# alone when it has none.
+scenario_backends <- function(scenario) {
+  unlist(scenario$backends) %||% "tensorflow"
+}
+
+# The scenario files that apply to `backend` ("tensorflow" or "jax").
+scenario_files_for <- function(backend, dir = scenario_dir()) {
+  files <- scenario_files(dir)
+  applies <- vapply(files, function(path) {
+    backend %in% scenario_backends(jsonlite::fromJSON(path, simplifyVector = FALSE))
+  }, logical(1))
+  files[applies]
+}
+
 # JSON numbers are read as R users write numbers, as doubles (jsonlite reads
 # whole numbers as integers), so the R API's own coercion is exercised.
 read_scenario <- function(path) {
@@ -145,6 +160,35 @@ max_difference <- function(a, b) {
 }
 
 scenario_tolerance <- function(value) if (isTRUE(value)) 1e-5 else as.numeric(value)
+
+# ---- what a multi_gpu_model step expects, on the backend of this process ----
+
+# The expectations name the TensorFlow engines. On JAX multi_gpu_model() has
+# one engine, and they read as its counterparts: the model of data
+# parallelism is a ShardedModel of the "jax" engine there. The rows per
+# device (`split`, the replicate engine's batch_split()) have no counterpart:
+# XLA splits each batch inside the compiled step. The same reading as the
+# Python runner's (tests/python/support/scenario_runner.py, on_backend()).
+scenario_jax_readings <- list(model_class = c(ParallelModel = "ShardedModel"),
+                              engine = c(replicate = "jax"))
+scenario_tensorflow_only <- "split"
+
+scenario_expect_on <- function(expect, backend) {
+  if (!identical(backend, "jax")) return(expect)
+  expect <- expect[setdiff(names(expect), scenario_tensorflow_only)]
+  for (key in intersect(names(expect), names(scenario_jax_readings))) {
+    readings <- scenario_jax_readings[[key]]
+    value <- expect[[key]]
+    if (is.character(value) && value %in% names(readings)) {
+      expect[[key]] <- unname(readings[[value]])
+    }
+  }
+  expect
+}
+
+scenario_keras_backend <- function() {
+  reticulate::import("keras")$backend$backend()
+}
 
 # ---- the plain API: multigpu's methods and functions, Keras through reticulate ----
 
@@ -319,6 +363,7 @@ scenario_steps <- list(
   },
 
   multi_gpu_model = function(step, expect, entry, state, where) {
+    expect <- scenario_expect_on(expect, scenario_keras_backend())
     args <- state$scenario$devices %||% list()
     for (key in intersect(names(step), c("gpus", "cpu_merge", "cpu_relocation",
                                          "engine"))) {

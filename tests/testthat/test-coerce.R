@@ -115,6 +115,16 @@ test_that("as_flag() rejects NA and passes everything else on", {
   expect_identical(as_flag("yes"), "yes")
 })
 
+test_that("as_flag(null_ok = TRUE) passes NULL on, the core's default, and names it in messages", {
+  sync_batchnorm <- NULL
+  expect_null(as_flag(sync_batchnorm, meaning = "TRUE pools", null_ok = TRUE))
+  expect_value_error(as_flag(sync_batchnorm, meaning = "TRUE pools"),
+                     "`sync_batchnorm` must be TRUE or FALSE, not NULL. TRUE pools.")
+  sync_batchnorm <- NA
+  expect_value_error(as_flag(sync_batchnorm, meaning = "TRUE pools", null_ok = TRUE),
+                     "`sync_batchnorm` must be NULL, TRUE or FALSE, not NA. TRUE pools.")
+})
+
 test_that("as_string() accepts one string or NULL", {
   expect_identical(as_string("mirrored"), "mirrored")
   expect_null(as_string(NULL))

@@ -194,19 +194,23 @@ test_that("engine = \"auto\" warns once, in R's spelling, when cpu_merge = FALSE
   expect_identical(parallel$merge_device, "/device:CPU:0")
 })
 
-test_that("sync_batchnorm must be TRUE or FALSE, refused in R naming the value and the fix", {
+test_that("sync_batchnorm must be NULL, TRUE or FALSE, refused in R naming the value and the fix", {
   skip_if_no_multigpu()
   model <- tiny_model()
-  for (value in list(NA, "yes", 1, c(TRUE, FALSE), NULL, logical(0))) {
+  for (value in list(NA, "yes", 1, c(TRUE, FALSE), logical(0))) {
     error <- tryCatch(multi_gpu_model(model, gpus = 4, sync_batchnorm = value),
                       error = identity)
     expect_s3_class(error, "multigpu_value_error")
-    expect_match(conditionMessage(error), "`sync_batchnorm` must be TRUE or FALSE, not ",
+    expect_match(conditionMessage(error), "`sync_batchnorm` must be NULL, TRUE or FALSE, not ",
                  fixed = TRUE)
     expect_match(conditionMessage(error), "TRUE takes BatchNormalization statistics over the whole batch",
                  fixed = TRUE)
+    expect_match(conditionMessage(error), "NULL, the default, is the backend's choice: FALSE on TensorFlow",
+                 fixed = TRUE)
   }
+  # NULL, the default, is the backend's choice: FALSE on TensorFlow.
   expect_false(multi_gpu_model(model, gpus = 4)$sync_batchnorm)
+  expect_false(multi_gpu_model(model, gpus = 4, sync_batchnorm = NULL)$sync_batchnorm)
 })
 
 test_that("sync_batchnorm = TRUE: a keras3 BatchNormalization model's step equals the template's, on both engines", {

@@ -19,6 +19,35 @@ test_that("loading multigpu declares the core, the Python versions and the const
   expect_match(output, "packages:.*tensorflow")
 })
 
+test_that("on the JAX backend the core is declared with its jax extra, following keras3::use_backend() until Python starts", {
+  skip_if_no_multigpu()
+  output <- run_r('
+    show <- function(when) {
+      packages <- reticulate::py_require()$packages
+      cat(when, paste(packages[grepl("^(multigpu|jax)", packages)], collapse = " | "), "\\n")
+    }
+    library(multigpu)
+    show("loaded:")
+    keras3::use_backend("tensorflow")
+    multigpu:::declare_python_requirements()
+    show("tensorflow:")
+    keras3::use_backend("jax")
+    multigpu:::declare_python_requirements()
+    show("jax again:")
+    cat("started:", reticulate::py_available(), "\\n")
+  ', env = c("RETICULATE_PYTHON=", "KERAS_BACKEND=jax"))
+  output <- paste(output, collapse = "\n")
+  # Loaded with KERAS_BACKEND=jax: keras3 declared its JAX build, multigpu
+  # the core with the jax extra (the tested range is pyproject.toml's).
+  expect_match(output, "loaded: [^\n]*multigpu\\[jax\\] @ file:///")
+  expect_match(output, "loaded: [^\n]*jax\\[cpu\\]")
+  # Another backend chosen before Python starts: the plain core, alone.
+  expect_match(output, "tensorflow: multigpu @ file:///[^|]*\n")
+  expect_match(output, "jax again: [^\n]*multigpu\\[jax\\] @ file:///")
+  expect_no_match(output, "jax again: [^\n]*multigpu @ file")
+  expect_match(output, "started: FALSE", fixed = TRUE)
+})
+
 test_that("MULTIGPU_PYTHON is forwarded to RETICULATE_PYTHON", {
   output <- run_r('library(multigpu); cat("chosen:", Sys.getenv("RETICULATE_PYTHON"), "\\n")',
                   env = c("RETICULATE_PYTHON=", "MULTIGPU_PYTHON=/opt/python/bin/python3"))
@@ -72,6 +101,10 @@ test_that("an unsupported Python, TensorFlow or core version names its fix", {
   expect_match(check(tensorflow = "2.16.1"), "has TensorFlow 2.16.1; multigpu needs TensorFlow 2.21")
   expect_match(check(tensorflow = NA), "has no tensorflow package")
   expect_match(check(multigpu = NA), "has no multigpu package. Fix: .*install_multigpu()")
+  # On the JAX backend the versions have jax.
+  expect_null(check(jax = "0.10.2"))
+  expect_match(check(jax = NA), 'has no jax package, which the JAX backend (keras3::use_backend("jax")) needs. Fix:',
+               fixed = TRUE)
   mismatch <- check(multigpu = "0.0.9")
   expect_s3_class(mismatch, "multigpu_version_mismatch")
   expect_match(mismatch, "multigpu Python package 0.0.9, but this R package is multigpu 0.1.0")

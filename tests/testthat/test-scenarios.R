@@ -13,7 +13,9 @@ test_that("the scenario files parse, with steps and one recipe each", {
   }
 })
 
-for (path in scenario_files()) {
+# This process runs Keras on TensorFlow; the scenarios that also apply on
+# JAX run there in test-jax.R's R process.
+for (path in scenario_files_for("tensorflow")) {
   local({
     path <- path
     scenario <- read_scenario(path)

@@ -1,0 +1,91 @@
+# multigpu on Keras's JAX backend, from R, as a keras3 user writes it:
+#   Rscript jax.R OUT.rds HELPER_SCENARIOS.R SCENARIO.json...
+# Keras chooses its backend once per process, and the testthat processes run
+# TensorFlow: test-jax.R runs this script in an R process of its own. It
+# writes OUT.rds: the devices and the engine, the largest differences between
+# a model trained through multi_gpu_model(gpus = 4) and the same model
+# trained on one device, the errors of the arguments JAX refuses, and, for
+# each shared scenario given (test-jax.R picks some of those with "jax" in
+# their "backends"), NULL or the failure.
+library(keras3)
+use_backend("jax")
+source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
+if (nzchar(source_tree)) {
+  pkgload::load_all(source_tree, quiet = TRUE)
+} else {
+  library(multigpu)
+}
+args <- commandArgs(trailingOnly = TRUE)
+out <- args[[1]]
+
+devices <- virtual_devices(4)
+result <- list(backend = config_backend(), devices = devices,
+               available = available_devices()$CPU)
+
+make_model <- function() {
+  set_random_seed(7)
+  keras_model_sequential(input_shape = 4) |>
+    layer_dense(8, activation = "relu") |>
+    layer_dense(2)
+}
+compiled <- function(model) {
+  model |> compile(optimizer = optimizer_adam(0.01), loss = "mse",
+                   metrics = "mae")
+  model
+}
+template <- make_model()
+reference <- compiled(make_model())
+parallel <- withCallingHandlers(
+  multi_gpu_model(template, gpus = 4),
+  multigpu_warning = function(w) invokeRestart("muffleWarning"))
+result$engine <- parallel$engine
+result$sync_batchnorm <- parallel$sync_batchnorm
+result$template_is_model <- identical(reticulate::py_id(parallel$template),
+                                      reticulate::py_id(template))
+parallel <- compiled(parallel)
+
+# 42 rows in batches of 16: two batches of 4 rows per device, then 10 rows
+# split 3/3/2/2.
+set.seed(1)
+x <- matrix(runif(42 * 4), ncol = 4)
+y <- cbind(rowSums(x), x[, 1] - x[, 2])
+trained <- lapply(list(parallel = parallel, reference = reference), function(model) {
+  history <- model |> fit(x, y, batch_size = 16, epochs = 2, shuffle = FALSE,
+                          verbose = 0)
+  list(history = history$metrics,
+       evaluation = unlist(model |> evaluate(x, y, batch_size = 16, verbose = 0)),
+       predictions = model |> predict(x, batch_size = 16, verbose = 0))
+})
+largest <- function(a, b) max(abs(unlist(a) - unlist(b)))
+result$differences <- c(
+  weights = largest(template$get_weights(), reference$get_weights()),
+  history = largest(trained$parallel$history, trained$reference$history),
+  evaluation = largest(trained$parallel$evaluation, trained$reference$evaluation),
+  predictions = largest(trained$parallel$predictions, trained$reference$predictions))
+result$initial_change <- largest(template$get_weights(),
+                                 make_model()$get_weights())
+
+# What JAX refuses, as R conditions in R's words.
+refused <- function(...) {
+  error <- tryCatch({ multi_gpu_model(make_model(), ...); NULL },
+                    error = identity)
+  if (is.null(error)) return(list(class = "none", message = ""))
+  list(class = class(error), message = conditionMessage(error))
+}
+result$errors <- list(
+  sync_batchnorm = refused(gpus = 4, sync_batchnorm = FALSE),
+  cpu_merge = refused(gpus = 4, cpu_merge = FALSE),
+  engine = refused(gpus = 4, engine = "replicate"),
+  gpus = refused(gpus = 1))
+
+# Shared scenarios, through the R runner.
+source(args[[2]])
+result$scenarios <- list()
+for (path in args[-(1:2)]) {
+  name <- sub("[.]json$", "", basename(path))
+  result$scenarios[name] <- list(tryCatch({
+    suppress_multigpu_warnings(run_scenario(path, tempfile(paste0("jax-", name))))
+    NULL
+  }, error = conditionMessage))
+}
+saveRDS(result, out)
