@@ -99,7 +99,8 @@ test: setup lint test-python
 	  "$(MAKE) --no-print-directory test-r-parity" \
 	  "$(MAKE) --no-print-directory test-python-jax"
 	bash .ci/beside.sh "$(MAKE) --no-print-directory docs" \
-	  "$(MAKE) --no-print-directory test-r-zero-setup bench-quick"
+	  "$(MAKE) --no-print-directory test-r-zero-setup" \
+	  "$(MAKE) --no-print-directory bench-quick"
 
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.
