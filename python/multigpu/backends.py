@@ -79,7 +79,8 @@ def _choose(backend):
             f"\"{backend}\"))")
 
 
-def require_backend(call, needs, backend="tensorflow", written=None):
+def require_backend(call, needs, backend="tensorflow", written=None,
+                    otherwise=None):
     """Refuses `call` unless Keras runs on `backend`.
 
     The one maker of the package's "needs another backend" errors: each
@@ -96,6 +97,8 @@ def require_backend(call, needs, backend="tensorflow", written=None):
         written: How the call is written instead of `api(call)`, for a
             setting (`messages.setting("check_finite", True)`) or a call
             with an argument.
+        otherwise: A way to go on without the call on the backend that
+            runs, e.g. `"leave check_finite=False"`, or None.
 
     Returns:
         The backend's name, `backend`.
@@ -113,5 +116,6 @@ def require_backend(call, needs, backend="tensorflow", written=None):
     raise UnsupportedBackendError(
         f"{written or api(call)} runs on the Keras backend "
         f"{literal(backend)} only, and Keras runs on {literal(running)}: it "
-        f"needs {needs}. To use it, {_choose(backend)}."
+        f"needs {needs}. To use it, {_choose(backend)}"
+        + (f"; otherwise {otherwise}." if otherwise else ".")
     )

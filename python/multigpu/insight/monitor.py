@@ -350,6 +350,8 @@ class ScalingMonitor(keras.callbacks.Callback):
                              loss=model.loss)
                 x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
                 copy.train_on_batch(x, y, sample_weight=weights)
+                # As `train_on_batch` gave it: the step traced there runs.
+                batch = (x, y, weights)
                 state = tuple(
                     [v.value for v in variables] for variables in (
                         copy.trainable_variables,
