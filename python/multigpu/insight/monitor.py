@@ -121,13 +121,6 @@ class ScalingMonitor(keras.callbacks.Callback):
 
       On GPUs a step may return before its kernels finish; the samples
       per second stay right, the split is then approximate.
-
-    On JAX (a model from `multi_gpu_model`, the JAX engine) the monitor
-    waits for each step's results before reading the clock, since JAX
-    returns from a step before it ends; the collectives run inside the
-    step XLA compiled, so `communication_seconds` is None unless `link` is
-    given, and the baseline is a copy trained by Keras's step on the first
-    device.
     * **the one-device baseline**: on the first step, the batch `fit` drew
       is kept and a copy of the model (the template of an engine's model)
       is built on the first device with the same weights, loss and a fresh
@@ -140,6 +133,13 @@ class ScalingMonitor(keras.callbacks.Callback):
     When one device would be faster (speed-up below 1), it warns once per
     `fit`, at the end of the first epoch with enough measured steps (or
     when training ends).
+
+    On JAX (a model from `multi_gpu_model`, the JAX engine) the monitor
+    waits for each step's results before reading the clock, since JAX
+    returns from a step before it ends; the collectives run inside the
+    step XLA compiled, so `communication_seconds` is None unless `link` is
+    given, and the baseline is a copy trained by Keras's step on the first
+    device.
 
     Args:
         baseline_steps: Timed steps of the one-device copy, an int >= 1
@@ -428,10 +428,11 @@ class ScalingMonitor(keras.callbacks.Callback):
                 "no throughput yet (the first steps are warm-up).")
         communication = self._communication(step)
         if communication is None:
-            where = ("Communication (XLA's all-reduces) runs" if backends.is_jax()
-                     else "Communication runs")
+            where = ("Communication (XLA's all-reduces) runs inside the "
+                     "compiled step" if backends.is_jax() else
+                     "Communication runs inside the compiled step on GPUs")
             notes.append(
-                f"{where} inside the compiled step and is "
+                f"{where} and is "
                 "not measured; give link to estimate it from the bytes moved.")
         elif self._devices and all(":CPU:" in d.upper() for d in self._devices):
             notes.append("Logical CPU devices pass tensors by reference: no "
