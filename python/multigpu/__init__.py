@@ -20,6 +20,7 @@ except ModuleNotFoundError as error:
         name="tensorflow",
     ) from error
 
+from multigpu import backends
 from multigpu.checkpoints import checkpoint_callbacks, make_or_restore_model
 from multigpu.devices import (
     available_devices,
@@ -35,8 +36,6 @@ from multigpu.distribute.strategy import (
     multi_worker_strategy,
 )
 from multigpu.engines.front import multi_gpu_model
-from multigpu.engines.tensorflow.mirrored import MirroredModel
-from multigpu.engines.tensorflow.replicate import DataParallelReplicas, ParallelModel
 from multigpu.insight.equivalence import EquivalenceReport, check_equivalence
 from multigpu.insight.memory_plan import MemoryPlan, find_batch_size, memory_plan
 from multigpu.insight.monitor import ScalingMonitor
@@ -47,6 +46,22 @@ from multigpu.saving import load_model, save_model
 from multigpu.step.nonfinite import NonFiniteInputError
 
 __version__ = "0.1.0"
+
+# The TensorFlow engines' classes, imported where Keras runs on TensorFlow
+# (their Keras registrations load saved parallel models) and on first use
+# elsewhere: on JAX, importing multigpu builds no TensorFlow engine.
+_TENSORFLOW_ENGINE_CLASSES = {
+    "DataParallelReplicas": "multigpu.engines.tensorflow.replicate",
+    "MirroredModel": "multigpu.engines.tensorflow.mirrored",
+    "ParallelModel": "multigpu.engines.tensorflow.replicate",
+}
+
+if backends.current() == "tensorflow":
+    from multigpu.engines.tensorflow.mirrored import MirroredModel
+    from multigpu.engines.tensorflow.replicate import (
+        DataParallelReplicas,
+        ParallelModel,
+    )
 
 __all__ = [
     "DataParallelReplicas",
@@ -82,10 +97,16 @@ __all__ = [
 
 
 def __getattr__(name):
-    """`multigpu.DataParallel`, the layer's former name, with a warning.
+    """The TensorFlow engines' classes on first use, and a former name.
 
-    It shadowed `keras.distribution.DataParallel` for users importing both.
+    `multigpu.DataParallel`, the layer's former name, warns: it shadowed
+    `keras.distribution.DataParallel` for users importing both.
     """
+    if name in _TENSORFLOW_ENGINE_CLASSES:
+        import importlib
+
+        module = importlib.import_module(_TENSORFLOW_ENGINE_CLASSES[name])
+        return getattr(module, name)
     if name == "DataParallel":
         import warnings
 
@@ -96,5 +117,5 @@ def __getattr__(name):
             "multigpu.DataParallelReplicas.",
             DeprecationWarning, stacklevel=2,
         )
-        return DataParallelReplicas
+        return __getattr__("DataParallelReplicas")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

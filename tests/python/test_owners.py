@@ -85,6 +85,12 @@ def _engine_choices(tree):
             if _name(call.func) in ("EngineChoice", "choose_engine")]
 
 
+def _backend_refusals(tree):
+    """Errors saying a call needs another Keras backend."""
+    return [ast.unparse(call) for call in _calls(tree)
+            if _name(call.func) == "UnsupportedBackendError"]
+
+
 # What is made -> (how it is found, its owners: paths under python/multigpu).
 OWNERS = {
     "a fresh optimizer": (_fresh_optimizers, {
@@ -101,6 +107,9 @@ OWNERS = {
         _copies_in_a_scope, {"engines/copies.py"}),
     "the engine of multi_gpu_model": (
         _engine_choices, {"engines/choice.py"}),
+    # `check_supported` and `require_backend`: every refusal of a backend.
+    "an error naming the Keras backend a call needs": (
+        _backend_refusals, {"backends.py"}),
 }
 
 
@@ -131,12 +140,14 @@ def test_the_finders_see_each_way_of_making_it():
         "with strategy.scope(), built_like(model):",
         "    replica = copy_model(model)",
         "choice = choice_lib.EngineChoice('mirrored', 'why')",
+        "raise backends.UnsupportedBackendError('needs tensorflow')",
     ]))
     assert len(_fresh_optimizers(source)) == 3
     assert len(_signature_bindings(source)) == 2
     assert len(_compile_configs(source)) == 1
     assert _copies_in_a_scope(source) == ["copy_model(model)"]
     assert len(_engine_choices(source)) == 1
+    assert len(_backend_refusals(source)) == 1
     # A layer's copy from its config is not an optimizer's.
     assert not _fresh_optimizers(ast.parse(
         "clone = layer.__class__.from_config(layer.get_config())"))

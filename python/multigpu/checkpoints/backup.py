@@ -6,12 +6,20 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import backends, internals
 from multigpu.checkpoints import atomic, epochs, listing, resume
 from multigpu.checkpoints.arguments import check_save_freq
 from multigpu.checkpoints.lock import writes_checkpoints
 from multigpu.messages import literal
 from multigpu.step import train_function as chain
+
+# What resuming exactly needs (`backends.require_backend`): the skipping
+# train function is called as TensorFlow's trainer calls it, with the data
+# iterator alone; Keras's JAX trainer passes its state as well.
+RESUME_NEEDS = ("TensorFlow's training loop: resuming exactly skips the "
+                "batches already trained through the train function as the "
+                "TensorFlow trainer calls it, and restores its checkpoint "
+                "and random states")
 
 
 class AtomicBackupAndRestore(keras.callbacks.Callback):
@@ -47,6 +55,9 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
 
     def __init__(self, backup_dir, save_freq="epoch", position=None,
                  lock=None, data=None):
+        backends.require_backend(
+            "AtomicBackupAndRestore", RESUME_NEEDS,
+            written="multigpu.checkpoints.AtomicBackupAndRestore()")
         super().__init__()
         self.backup_dir = os.fspath(backup_dir)
         self.save_freq = check_save_freq(save_freq)

@@ -2,6 +2,7 @@
 
 import os
 
+from multigpu import backends
 from multigpu.checkpoints.arguments import (
     BACKUP_NAME,
     check_backup_path,
@@ -11,7 +12,7 @@ from multigpu.checkpoints.arguments import (
     check_writable,
 )
 from multigpu.checkpoints.atomic import remove_stale_temporaries
-from multigpu.checkpoints.backup import AtomicBackupAndRestore
+from multigpu.checkpoints.backup import RESUME_NEEDS, AtomicBackupAndRestore
 from multigpu.checkpoints.lock import writer_lock
 from multigpu.checkpoints.model_checkpoint import AtomicModelCheckpoint
 from multigpu.checkpoints.resume import ResumePosition
@@ -75,6 +76,7 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
     >>> model.fit(data, epochs=10,
     ...           callbacks=multigpu.checkpoint_callbacks("ckpt", data=data))
     """
+    backends.require_backend("checkpoint_callbacks", RESUME_NEEDS)
     directory = check_directory(checkpoint_dir)
     save_freq = check_save_freq(save_freq)
     max_to_keep = check_max_to_keep(max_to_keep)

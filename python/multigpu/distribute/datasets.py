@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multigpu import backends
 from multigpu.arguments import check_flag, check_int, is_int
 from multigpu.checkpoints.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
 from multigpu.distribute.inputs import check_no_r_na, check_numeric_y
@@ -486,6 +487,9 @@ def distributed_dataset(
     ...     shuffle=True, cache="memory")             # batches of 256
     >>> model.fit(data, epochs=10)
     """
+    backends.require_backend(
+        "distributed_dataset", "a tf.distribute strategy, whose replicas "
+        "set the global batch size and shard the tf.data pipeline")
     per_replica = check_int(
         "per_replica_batch_size", per_replica_batch_size, 1)
     policy = _SHARD_POLICIES.get(shard_policy) if isinstance(

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import backends, internals
 from multigpu.arguments import check_int
 from multigpu.checkpoints.backup import AtomicBackupAndRestore
 from multigpu.distribute import inputs
@@ -242,6 +242,9 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     >>> data = multigpu.distributed_dataset(x, y, 64, strategy=strategy)
     >>> history = multigpu.fit_distributed(model, data, epochs=3)
     """
+    backends.require_backend(
+        "fit_distributed", "TensorFlow's tf.distribute, whose strategies run "
+        "its training step as TensorFlow graphs")
     _check_model(model)
     epochs = check_int("epochs", epochs, 0)
     initial_epoch = check_int("initial_epoch", initial_epoch, 0)

@@ -30,11 +30,15 @@ import threading
 
 import tensorflow as tf
 
+from multigpu import backends, internals
 from multigpu import devices as devices_lib
-from multigpu import internals
 from multigpu.cluster import resolver as cluster_lib
 from multigpu.cluster.readiness import signal_ready
 from multigpu.messages import api, literal, literals, setting
+
+# What the strategies need of TensorFlow (`backends.require_backend`).
+TF_DISTRIBUTE = ("TensorFlow's tf.distribute, whose strategies run "
+                  "TensorFlow graphs")
 
 # Strategies made here number their collective groups from
 # `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
@@ -438,6 +442,7 @@ def mirrored_strategy(devices=None, cross_device_ops=None):
     ...     model.compile(optimizer="adam", loss="mse")
     >>> model.fit(multigpu.distributed_dataset(x, y, strategy=strategy))
     """
+    backends.require_backend("mirrored_strategy", TF_DISTRIBUTE)
     return strategy_over(devices_lib.resolve_devices(devices), cross_device_ops)
 
 
@@ -454,6 +459,7 @@ def strategy_over(devices, cross_device_ops=None):
     Returns:
         The strategy over `devices`, created on first use.
     """
+    backends.require_backend("mirrored_strategy", TF_DISTRIBUTE)
     resolved = tuple(devices)
     ops_key, ops = _cross_device_ops(cross_device_ops)
     key = (resolved, ops_key)
@@ -525,6 +531,7 @@ def multi_worker_strategy():
     >>> data = multigpu.distributed_dataset(x, y, 64, strategy=strategy)
     >>> history = multigpu.fit_distributed(model, data, epochs=3)
     """
+    backends.require_backend("multi_worker_strategy", TF_DISTRIBUTE)
     with STATE.lock:
         if STATE.multi_worker is not None:
             return STATE.multi_worker

@@ -4,7 +4,7 @@
 a few steps on the same batches, in the same order, twice: on one device,
 and through an engine (`"auto"`, `"replicate"` or `"mirrored"`, as
 `multi_gpu_model` runs them, or `"strategy"`: Keras's own `fit` under
-`mirrored_strategy()`). The one-device reference is the model itself, not
+`mirrored_strategy()`; on JAX, `"auto"` or `"jax"`: the JAX engine). The one-device reference is the model itself, not
 a copy: a copy that lost state (an adapted `Normalization`'s mean, a
 lookup's vocabulary) would agree with an engine that trains the same
 lossy copy. Both runs start from the model's weights, with a fresh
@@ -26,19 +26,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from multigpu import backends, internals
 from multigpu import devices as devices_lib
-from multigpu import internals
-from multigpu.arguments import check_int
+from multigpu.arguments import check_flag, check_int
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines.compiled import compile_arguments
 from multigpu.engines.copies import CopyMismatch, copy_in_scope, mismatch_text
 from multigpu.engines.front import DEFAULT_ENGINE, multi_gpu_model
 from multigpu.engines.functional import callable_graph
-from multigpu.engines.tensorflow.mirrored import check_no_r_code
-from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
 from multigpu.messages import api, current_language, literal, literals, setting
 
-ENGINES = ("auto", "replicate", "mirrored", "strategy")
+ENGINES = ("auto", "replicate", "mirrored", "strategy", "jax")
 # The quantity a report names when the engine's copy of the model computes
 # otherwise before any training: nothing else can be compared then.
 COPY = "copy"
@@ -130,7 +128,8 @@ def _check_engine(engine):
             f"Invalid `engine`: received {literal(engine)}; expected one of "
             f"{literals(list(ENGINES))}: {literal('auto')} (the default), "
             f"{literal('replicate')} and {literal('mirrored')} are the "
-            f"engines of {api('multi_gpu_model')}, {literal('strategy')} is "
+            f"engines of {api('multi_gpu_model')} on TensorFlow, "
+            f"{literal('jax')} its engine on JAX, {literal('strategy')} is "
             f"Keras's fit under {api('mirrored_strategy')}.")
     return engine
 
@@ -210,6 +209,8 @@ def _strategy_copy(model, strategy):
         ValueError: if `model` cannot be copied, or has a layer written in
             R (`mirrored.check_no_r_code`).
     """
+    from multigpu.engines.tensorflow.mirrored import check_no_r_code
+
     invalid = f"Invalid `model` for {setting('engine', 'strategy')}"
     check_no_r_code(model, invalid)
     return copy_in_scope(
@@ -218,6 +219,25 @@ def _strategy_copy(model, strategy):
              f"rather than copying it, or use {setting('engine', 'replicate')}."),
         uncopyable_fix=("A subclassed model needs `get_config` and "
                         "`from_config` that rebuild it."))
+
+
+def _stored(variable):
+    """A variable's value as stored, as a NumPy array."""
+    if backends.is_jax():
+        # Outside an autocast scope `value` is the stored value.
+        return np.array(keras.ops.convert_to_numpy(variable.value))
+    return np.array(internals.stored_value(variable))
+
+
+def _on_device(device):
+    """A block whose new arrays and steps run on `device` alone."""
+    if backends.is_jax():
+        import jax
+
+        from multigpu.engines.jax import mesh as mesh_lib
+
+        return jax.default_device(mesh_lib.jax_device(device))
+    return tf.device(device)
 
 
 @contextlib.contextmanager
@@ -235,7 +255,7 @@ def _put_back(model):
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.variables) + list(
         getattr(optimizer, "variables", None) or [])
-    values = [np.array(internals.stored_value(v)) for v in variables]
+    values = [_stored(v) for v in variables]
     attributes = dict(model.__dict__)
     # Keras tracks metrics, layers and variables in lists and dicts it
     # keeps as attributes; compiling again appends to them in place.
@@ -295,7 +315,7 @@ def _optimizer_state(optimizer):
 
 def _train_reference(model, x, y, batch_size, device):
     """`model` itself trained on `device`, then put back (`_put_back`)."""
-    with _put_back(model), tf.device(device):
+    with _put_back(model), _on_device(device):
         model.compile(**compile_arguments(model))
         logs = _train(model, x, y, batch_size)
         return _Trained(logs, model.get_weights(),
@@ -515,7 +535,7 @@ def _likely_cause(model, x, engine, devices, batch_size, differing,
 
 def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
                       batch_size=None, tolerance=DEFAULT_TOLERANCE,
-                      sync_batchnorm=False):
+                      sync_batchnorm=None):
     """Trains a model on one device and through an engine; compares.
 
     Both runs start from `model`'s weights, get an optimizer of
@@ -544,7 +564,8 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
             every logical CPU device), an int >= 2, ids or device names.
         engine: `"auto"` (the default: the engine `multi_gpu_model` runs
             by default on these devices, `report.engine` says which),
-            `"replicate"`, `"mirrored"` or `"strategy"`.
+            `"replicate"`, `"mirrored"` or `"strategy"` on TensorFlow;
+            `"auto"` or `"jax"` on JAX.
         steps: Training steps to compare, an int >= 1.
         batch_size: Rows per step (the global batch); `None` takes the
             largest multiple of the device count that leaves `steps`
@@ -556,6 +577,8 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
             `multi_gpu_model(..., sync_batchnorm=True)`: BatchNormalization
             statistics over the whole batch, so a BatchNormalization model
             is checked against one device too. Not with `"strategy"`.
+            `None` (the default): `False` on TensorFlow; `True` on JAX,
+            where XLA's split pools the statistics over the whole batch.
 
     Returns:
         An `EquivalenceReport`: `equal`, `differences` (quantity -> largest
@@ -568,6 +591,8 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
         ValueError: for an unknown engine, invalid `gpus`, `steps`,
             `batch_size`, `tolerance` or `sync_batchnorm`, too few rows, or
             a model that is not compiled or cannot be copied.
+        UnsupportedBackendError: for `engine="strategy"` on a backend other
+            than TensorFlow (`multigpu.backends.require_backend`).
         TypeError: if `model` is not a Keras model, or `x` or `y` are not
             arrays.
 
@@ -583,7 +608,12 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
     engine = _check_engine(engine)
     steps = check_int("steps", steps, 1)
     tolerance = _check_tolerance(tolerance)
-    sync_batchnorm = check_sync_batchnorm(sync_batchnorm)
+    sync_batchnorm = _check_sync_batchnorm(sync_batchnorm)
+    if engine == "strategy":
+        backends.require_backend(
+            "check_equivalence", strategy_lib.TF_DISTRIBUTE,
+            written=f"{api('check_equivalence')} with "
+                    f"{setting('engine', 'strategy')}")
     if sync_batchnorm and engine == "strategy":
         synchronized = _keras(
             "keras.layers.BatchNormalization(synchronized=True)",
@@ -625,6 +655,19 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
         report.cause = _likely_cause(model, x, ran.name, devices, size,
                                      differing, sync_batchnorm)
     return report
+
+
+def _check_sync_batchnorm(value):
+    """`sync_batchnorm` checked; None: the backend's engines' default.
+
+    The TensorFlow engines default to False; on JAX, XLA's split pools
+    BatchNormalization's statistics over the whole batch: True.
+    """
+    if backends.is_jax():
+        return True if value is None else check_flag("sync_batchnorm", value)
+    from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
+
+    return check_sync_batchnorm(False if value is None else value)
 
 
 def _copy_report(report, model, ran):

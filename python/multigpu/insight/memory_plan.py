@@ -20,6 +20,10 @@ training step, with each replica taking `batch_size / devices` rows:
 
 `find_batch_size` inverts the plan: the activations grow linearly with the
 rows, the rest does not.
+
+On JAX the forward pass is traced by `jax.make_jaxpr` instead of
+`tf.function`, and the outputs of its equations are counted alike
+(`_JAX_NO_NEW_BUFFER` lists the primitives left out).
 """
 
 import math
@@ -28,7 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import arguments, internals, messages
+from multigpu import arguments, backends, internals, messages
 from multigpu.devices import resolve_devices
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.placement import format_bytes
@@ -43,6 +47,14 @@ _NO_NEW_BUFFER = frozenset({
     "ReadVariableOp", "VarHandleOp", "Const", "Identity", "IdentityN",
     "Reshape", "ExpandDims", "Squeeze", "StopGradient", "NoOp",
     "Shape", "ShapeN", "Size", "Rank", "StridedSlice", "Pack",
+})
+
+
+# The same for the primitives of a JAX trace: views and broadcasts (which
+# XLA fuses into the op that reads them).
+_JAX_NO_NEW_BUFFER = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy",
+    "copy_p", "stop_gradient",
 })
 
 
@@ -111,7 +123,7 @@ class MemoryPlan:
         ]
         for device, memory in self.device_memory.items():
             if memory is None:
-                lines.append(f"{device}: memory not reported by TensorFlow")
+                lines.append(f"{device}: memory not reported by {_runtime()}")
             else:
                 verdict = "fits" if self.total <= memory else "does NOT fit"
                 lines.append(f"{device}: {format_bytes(memory)}, {verdict} "
@@ -174,6 +186,8 @@ def activation_bytes(model, rows):
     160
     """
     model = _template(model)
+    if backends.is_jax():
+        return _jax_activation_bytes(model, rows)
     specs = _input_specs(model, rows)
 
     def forward(*xs):
@@ -188,6 +202,57 @@ def activation_bytes(model, rows):
         if op.type == "Placeholder" and any(id(t) in captured for t in op.outputs):
             continue
         total += sum(tensor_bytes(t) for t in op.outputs)
+    return total
+
+
+def _jax_activation_bytes(model, rows):
+    """`activation_bytes` on JAX: the outputs of the traced equations."""
+    import jax
+
+    specs = [jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.name)
+             for s in _input_specs(model, rows)]
+
+    def forward(trainable, non_trainable, *xs):
+        return model.stateless_call(
+            trainable, non_trainable, xs[0] if len(xs) == 1 else list(xs),
+            training=True)
+
+    traced = jax.make_jaxpr(forward)(
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables], *specs)
+    batch = sum(_aval_bytes(v.aval) for v in traced.jaxpr.invars[-len(specs):])
+    return batch + _equation_bytes(traced.jaxpr)
+
+
+def _aval_bytes(aval):
+    """Bytes of an abstract array of known shape (0 for keys and tokens)."""
+    try:
+        size = np.dtype(aval.dtype).itemsize
+    except TypeError:
+        return 0
+    return int(np.prod(aval.shape, dtype=np.int64)) * size
+
+
+def _inner_jaxprs(params):
+    """The jaxprs an equation calls (`jit`, `custom_jvp_call`, `cond`, ...)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                found.append(inner)
+    return found
+
+
+def _equation_bytes(jaxpr):
+    """Bytes of the outputs of `jaxpr`'s equations, calls counted inside."""
+    total = 0
+    for equation in jaxpr.eqns:
+        inner = _inner_jaxprs(equation.params)
+        if inner:
+            total += sum(_equation_bytes(j) for j in inner)
+        elif equation.primitive.name not in _JAX_NO_NEW_BUFFER:
+            total += sum(_aval_bytes(v.aval) for v in equation.outvars)
     return total
 
 
@@ -234,19 +299,39 @@ def optimizer_bytes(optimizer, model):
     12
     """
     fresh = _unbuilt_optimizer(optimizer, _template(model), model)
-    with tf.device("/cpu:0"):
+    with _on_host():
         fresh.build(_template(model).trainable_variables)
     return sum(variable_bytes(v) for v in fresh.variables)
+
+
+def _runtime():
+    """The runtime that reports the devices' memory: TensorFlow or JAX."""
+    return "JAX" if backends.is_jax() else "TensorFlow"
+
+
+def _on_host():
+    """A block whose new variables are made on the first CPU device."""
+    if backends.is_jax():
+        import jax
+
+        return jax.default_device(jax.devices("cpu")[0])
+    return tf.device("/cpu:0")
 
 
 def _reported_memory(device):
     """Bytes of `device`'s memory as TensorFlow reports it, or None.
 
     GPUs: the memory limit TensorFlow's allocator has for the device
-    (`internals.device_memory_limits`). CPUs report no limit of their own.
+    (`internals.device_memory_limits`); on JAX, the `bytes_limit` of the
+    device's `memory_stats()`. CPUs report no limit of their own.
     """
     if ":GPU:" not in device.upper():
         return None
+    if backends.is_jax():
+        from multigpu.engines.jax import mesh as mesh_lib
+
+        stats = mesh_lib.jax_device(device).memory_stats() or {}
+        return stats.get("bytes_limit")
     wanted = device.upper().replace("/DEVICE:", "")
     for name, limit in internals.device_memory_limits().items():
         if name.upper().replace("/DEVICE:", "") == wanted:
@@ -264,7 +349,7 @@ def _check_memory(device_memory):
             f"Invalid `device_memory`: received {messages.literal(device_memory)}; "
             "expected the bytes of one device's memory, a number > 0 "
             f"(e.g. {messages.literal(16 * 2**30)} for 16 GiB), or "
-            f"{messages.literal(None)} for what TensorFlow reports.")
+            f"{messages.literal(None)} for what {_runtime()} reports.")
     return int(device_memory)
 
 
@@ -337,7 +422,7 @@ def memory_plan(model, batch_size, gpus=None, optimizer=None, device_memory=None
     if memory is not None:
         notes.append(f"Device memory as given: {format_bytes(memory)} each.")
     elif all(m is None for m in reported.values()):
-        notes.append("TensorFlow does not report these devices' memory "
+        notes.append(f"{_runtime()} does not report these devices' memory "
                      "(CPU devices); pass device_memory to compare.")
     return MemoryPlan(entries, batch_size, rows, devices, reported, notes)
 
@@ -350,7 +435,7 @@ def _device_memory_or_fail(devices, memory):
         silent = [d for d, m in zip(devices, reported) if m is None]
         raise ValueError(
             f"Invalid `device_memory`: received {messages.literal(None)}, but "
-            f"TensorFlow does not report the memory of {messages.literal(silent)}. "
+            f"{_runtime()} does not report the memory of {messages.literal(silent)}. "
             "Pass the bytes of one device's memory, e.g. "
             f"{messages.setting('device_memory', 16 * 2**30)} for 16 GiB.")
     return min(reported)
@@ -394,7 +479,7 @@ def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
             TensorFlow reports (GPUs only: on CPUs it must be given).
         optimizer: A Keras optimizer or its name; None for the compiled one.
         trial: Whether to run the trial steps; None: only when every device
-            is a GPU.
+            is a GPU, on TensorFlow (`trial=True` runs on TensorFlow only).
         max_batch_size: The largest global batch returned, an int >= 1.
 
     Returns:
@@ -414,6 +499,12 @@ def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
     max_batch_size = arguments.check_int("max_batch_size", max_batch_size, 1)
     if trial is not None:
         trial = arguments.check_flag("trial", trial)
+    if trial:
+        backends.require_backend(
+            "find_batch_size", "TensorFlow's out-of-memory error to back off "
+            "from a trial step", written=f"{messages.api('find_batch_size')} "
+            f"with {messages.setting('trial', True)}",
+            otherwise=f"leave {messages.setting('trial', None)}")
     devices = resolve_devices(gpus)
     n = len(devices)
     memory = _device_memory_or_fail(devices, memory)
@@ -436,7 +527,8 @@ def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
             f"optimizer, or {messages.api('model_parallel')} to split the "
             "model between devices.")
     if trial is None:
-        trial = all(":GPU:" in d.upper() for d in devices)
+        trial = (not backends.is_jax()
+                 and all(":GPU:" in d.upper() for d in devices))
     if trial:
         rows = _back_off(model, devices[0], rows)
     return int(rows * n)

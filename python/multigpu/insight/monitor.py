@@ -14,15 +14,18 @@ else changes. Its own per-step cost is two clock reads and three list
 appends, published in docs/benchmarks.md.
 """
 
+import itertools
 import math
 import statistics
 import time
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from multigpu import arguments, messages
+from multigpu import arguments, backends, messages
+from multigpu import devices as devices_lib
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.insight import scaling
 from multigpu.step import train_function as chain
@@ -40,8 +43,13 @@ def _devices_and_engine(model):
     """The devices `model` trains on and how: engine, strategy or one device."""
     devices = getattr(model, "devices", None)
     if devices is not None and hasattr(model, "template"):
+        if backends.is_jax():
+            return list(devices), model.engine
         engine = "mirrored" if hasattr(model, "strategy") else "replicate"
         return list(devices), engine
+    if backends.is_jax():
+        available = devices_lib.available_devices()
+        return [(available["GPU"] or available["CPU"])[0]], "single"
     strategy = getattr(model, "distribute_strategy", None)
     if strategy is not None and strategy.num_replicas_in_sync > 1:
         return list(strategy.extended.worker_devices), "strategy"
@@ -63,8 +71,17 @@ def _local_batch(model, data):
 
 
 def _rows(batch):
-    first = tf.nest.flatten(batch)[0]
+    first = keras.tree.flatten(batch)[0]
     return int(first.shape[0])
+
+
+def _block(result):
+    """`result` once computed: JAX returns from a step before it ends."""
+    if backends.is_jax():
+        import jax
+
+        jax.block_until_ready(result)
+    return result
 
 
 def _median(values):
@@ -117,6 +134,13 @@ class ScalingMonitor(keras.callbacks.Callback):
     `fit`, at the end of the first epoch with enough measured steps (or
     when training ends).
 
+    On JAX (a model from `multi_gpu_model`, the JAX engine) the monitor
+    waits for each step's results before reading the clock, since JAX
+    returns from a step before it ends; the collectives run inside the
+    step XLA compiled, so `communication_seconds` is None unless `link` is
+    given, and the baseline is a copy trained by Keras's step on the first
+    device.
+
     Args:
         baseline_steps: Timed steps of the one-device copy, an int >= 1
             (0 skips the baseline: no speed-up, efficiency or warning).
@@ -164,6 +188,7 @@ class ScalingMonitor(keras.callbacks.Callback):
         self._baseline_problem = None
         self._warned = False
         self._devices, self._engine = [], None
+        self._pending_batch = None
 
     # --- Keras hooks -------------------------------------------------------
 
@@ -174,6 +199,10 @@ class ScalingMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._pending_batch is not None:
+            self._jax_baseline()
 
     def on_epoch_end(self, epoch, logs=None):
         self._maybe_warn(final=False)
@@ -189,22 +218,31 @@ class ScalingMonitor(keras.callbacks.Callback):
         clock = time.perf_counter
         starts, ends, epochs = self._starts, self._ends, self._epochs
 
-        def train(iterator):
+        # TensorFlow's trainer calls `train(iterator)`, JAX's
+        # `train(state, iterator)`: the iterator comes last.
+        def train(*args):
             if not starts:
-                return self._first_step(original, iterator)
+                return self._first_step(original, args)
             starts.append(clock())
-            logs = original(iterator)
+            logs = _block(original(*args))
             ends.append(clock())
             epochs.append(self._epoch)
             return logs
 
         return train
 
-    def _first_step(self, original, iterator):
+    def _first_step(self, original, args):
         """The first step: keeps its batch, then measures the baseline."""
         steps = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         start = time.perf_counter()
-        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+        *state, iterator = args
+        if backends.is_jax():
+            batches = list(itertools.islice(iterator, steps))
+            if not batches:
+                raise StopIteration
+            logs = _block(original(*state, iter(batches)))
+            batch = batches[0]
+        elif isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             batches = []
             for _ in range(steps):
                 try:
@@ -223,7 +261,11 @@ class ScalingMonitor(keras.callbacks.Callback):
         self._epochs.append(self._epoch)
         if batch is not None:
             self._rows = _rows(batch)
-            if self.baseline_steps and len(self._devices) > 1:
+            if backends.is_jax():
+                # During a step Keras's JAX trainer holds the weights
+                # itself: the copy is made once the step has ended.
+                self._pending_batch = batch
+            elif self.baseline_steps and len(self._devices) > 1:
                 cost = time.perf_counter()
                 self._measure_baseline(batch)
                 self._baseline_cost = time.perf_counter() - cost
@@ -240,6 +282,9 @@ class ScalingMonitor(keras.callbacks.Callback):
         return iter(dataset)
 
     def _measure_baseline(self, batch):
+        if backends.is_jax():
+            self._measure_jax_baseline(batch)
+            return
         model = self.model
         template = getattr(model, "template", model)
         try:
@@ -268,6 +313,62 @@ class ScalingMonitor(keras.callbacks.Callback):
                 f"no one-device baseline: the model could not be copied or "
                 f"trained alone ({type(error).__name__}: {error})")
 
+    def _jax_baseline(self):
+        """Measures the baseline on JAX, after the first step ended.
+
+        Keras's JAX trainer keeps the weights out of the model's variables
+        during `fit`; `jax_state_sync` (Keras's way for callbacks) puts
+        them back, so the copy starts from the trained weights.
+        """
+        batch, self._pending_batch = self._pending_batch, None
+        if self.baseline_steps and len(self._devices) > 1:
+            cost = time.perf_counter()
+            self.model.jax_state_sync()
+            self._measure_baseline(batch)
+            self._baseline_cost = time.perf_counter() - cost
+
+    def _measure_jax_baseline(self, batch):
+        """`_measure_baseline` on JAX: Keras's step on the first device.
+
+        The copy trains one step by `train_on_batch` (which builds its
+        optimizer and traces the step), then `baseline_steps` timed steps
+        through its train function, as `fit` calls it on JAX.
+        """
+        import jax
+
+        from multigpu.engines.jax import mesh as mesh_lib
+
+        model = self.model
+        template = getattr(model, "template", model)
+        try:
+            with jax.default_device(mesh_lib.jax_device(self._devices[0])):
+                batch = keras.tree.map_structure(
+                    lambda a: a if a is None else np.asarray(a), batch)
+                copy = keras.models.clone_model(template)
+                copy.set_weights(template.get_weights())
+                copy.compile(optimizer=fresh_optimizer(model.optimizer),
+                             loss=model.loss)
+                x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+                copy.train_on_batch(x, y, sample_weight=weights)
+                # As `train_on_batch` gave it: the step traced there runs.
+                batch = (x, y, weights)
+                state = tuple(
+                    [v.value for v in variables] for variables in (
+                        copy.trainable_variables,
+                        copy.non_trainable_variables,
+                        copy.optimizer.variables, copy.metrics_variables))
+                seconds = []
+                for i in range(self.baseline_steps + 1):
+                    start = time.perf_counter()
+                    _, state = _block(copy.train_function(state, iter([batch])))
+                    if i:
+                        seconds.append(time.perf_counter() - start)
+            self._baseline_seconds = statistics.median(seconds)
+        except (ValueError, TypeError, NotImplementedError) as error:
+            self._baseline_problem = (
+                f"no one-device baseline: the model could not be copied or "
+                f"trained alone ({type(error).__name__}: {error})")
+
     def _measured(self):
         """Step and period seconds of the steps after the warm-up."""
         calls, periods = [], []
@@ -286,7 +387,7 @@ class ScalingMonitor(keras.callbacks.Callback):
         n = len(devices)
         if n < 2:
             return 0.0
-        if all(":CPU:" in d.upper() for d in devices):
+        if not backends.is_jax() and all(":CPU:" in d.upper() for d in devices):
             return 0.0
         if self.link is None or not step_seconds:
             return None
@@ -327,8 +428,11 @@ class ScalingMonitor(keras.callbacks.Callback):
                 "no throughput yet (the first steps are warm-up).")
         communication = self._communication(step)
         if communication is None:
+            where = ("Communication (XLA's all-reduces) runs inside the "
+                     "compiled step" if backends.is_jax() else
+                     "Communication runs inside the compiled step on GPUs")
             notes.append(
-                "Communication runs inside the compiled step on GPUs and is "
+                f"{where} and is "
                 "not measured; give link to estimate it from the bytes moved.")
         elif self._devices and all(":CPU:" in d.upper() for d in self._devices):
             notes.append("Logical CPU devices pass tensors by reference: no "

@@ -12,6 +12,7 @@ stage `s` can work on micro-batch `m + 1` while stage `s + 1` works on `m`.
 import keras
 import tensorflow as tf
 
+from multigpu import backends
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_int, is_int
 from multigpu.devices import HOST_DEVICE
@@ -266,6 +267,9 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     >>> partitioned.fit(x, y, batch_size=64)
     >>> partitioned.save("model.keras")   # a plain Keras model
     """
+    backends.require_backend(
+        "model_parallel", "TensorFlow's device placement (tf.device), which "
+        "puts each stage's weights and operations on its device")
     symbolic_graph(model)
     check_standard_steps(model, "model_parallel")
     strategy_lib.check_outside_strategies("model_parallel")

@@ -13,14 +13,18 @@ from multigpu import internals
 from multigpu.devices import HOST_DEVICE
 from multigpu.engines.functional import call_arguments, execution_order, symbolic_graph
 from multigpu.engines.template import TemplateLayer
-from multigpu.engines.tensorflow.forward import (
-    concat_with_logits,
-    inference_on_empty_share,
-    on_device,
-    split_bounds,
-    with_logits,
-)
 from multigpu.messages import literal, setting
+
+
+def _forward():
+    """The TensorFlow engines' forward path, which the stages run.
+
+    Imported on first use: importing multigpu on another backend builds no
+    TensorFlow engine (`model_parallel` runs on TensorFlow only).
+    """
+    from multigpu.engines.tensorflow import forward
+
+    return forward
 
 
 class StagePlan:
@@ -189,7 +193,7 @@ class Stages(TemplateLayer):
         forward = self._plain_forward(stage, training, logits_at)
         if self.microbatches == 1:
             return forward
-        return inference_on_empty_share(
+        return _forward().inference_on_empty_share(
             forward, self._plain_forward(stage, False, logits_at))
 
     def _run(self, flat_inputs, training):
@@ -202,9 +206,9 @@ class Stages(TemplateLayer):
             # The outer scope also places the IdentityN that wraps the
             # custom gradient, so activations go straight on.
             with tf.name_scope(f"stage{stage}"), tf.device(device):
-                outputs = on_device(device, forward, inputs)
+                outputs = _forward().on_device(device, forward, inputs)
             values.update(zip(plan.exports[stage],
-                              with_logits(outputs, logits_at)))
+                              _forward().with_logits(outputs, logits_at)))
         return [values[id(x)] for x in plan.graph.outputs]
 
     def call(self, inputs, training=None):
@@ -213,7 +217,7 @@ class Stages(TemplateLayer):
             merged = self._run(flat, training)
         else:
             with tf.device(HOST_DEVICE):
-                bounds = split_bounds(
+                bounds = _forward().split_bounds(
                     tf.shape(flat[0])[0], self.microbatches
                 )
             outputs = []
@@ -223,5 +227,5 @@ class Stages(TemplateLayer):
                 with tf.name_scope(f"microbatch{m}"):
                     outputs.append(self._run(part, training))
             with tf.device(self.devices[-1]):
-                merged = [concat_with_logits(parts) for parts in zip(*outputs)]
+                merged = [_forward().concat_with_logits(parts) for parts in zip(*outputs)]
         return keras.tree.pack_sequence_as(self._plan.graph.output, merged)

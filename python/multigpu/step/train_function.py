@@ -1,7 +1,11 @@
 """One chain of wrappers around a model's `train_function`, in one order.
 
 Keras's `fit` calls `model.train_function` once per step with the data
-iterator (`train_on_batch` once per call, with a generator of its batch).
+iterator (`train_on_batch` once per call, with a generator of its batch);
+on JAX with the trainer's state first, `train_function(state, iterator)`,
+and a chain passes its arguments on as they come (on JAX only the
+`"monitor"` link runs: the others belong to TensorFlow's engines and
+checkpoints).
 Several parts of multigpu act around that call. Each registers a named
 link here (`link`, `unlink`), and this module alone assigns
 `model.train_function`: the links nest in the order of `ORDER`, outermost

@@ -16,7 +16,8 @@ batches that divide evenly between the devices.
 
 import keras
 
-from multigpu import internals
+from multigpu import backends, internals
+from multigpu.arguments import check_flag
 from multigpu.distribute import inputs
 from multigpu.engines.functional import batch_input_like, callable_graph
 from multigpu.engines.jax import mesh as mesh_lib
@@ -113,12 +114,13 @@ class ShardedModel(TemplateWrapper):
 
     @check_finite.setter
     def check_finite(self, value):
-        if value is not False:
-            raise ValueError(
-                f"Invalid `check_finite`: received {literal(value)} on the JAX "
-                "backend, where the check for NaN and inf in batches does not "
-                f"run yet; leave {setting('check_finite', False)}."
-            )
+        if not check_flag("check_finite", value):
+            return
+        backends.require_backend(
+            "check_finite", "the check traced into TensorFlow's training "
+            "step, which stops on a batch with NaN or inf before it changes "
+            "the weights", written=setting("check_finite", True),
+            otherwise=f"leave {setting('check_finite', False)}")
 
     def compile(self, *args, jit_compile=True, run_eagerly=False, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
