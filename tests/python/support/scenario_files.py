@@ -22,12 +22,18 @@ import recipes  # noqa: E402
 
 sys.dont_write_bytecode = _write_bytecode
 
-__all__ = ["DEVICE_KEYS", "IDS", "ROOT", "SCENARIOS", "SCENARIO_DIR", "error_step",
-           "load_scenario", "recipes", "scenario_paths", "speaks"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "DEVICE_KEYS", "IDS", "ROOT", "SCENARIOS",
+           "SCENARIO_DIR", "backends", "error_step", "load_scenario", "recipes",
+           "scenario_paths", "speaks"]
 
 # The keys of a scenario's `devices`, which a multi_gpu_model step may set
 # too: the arguments of multi_gpu_model().
 DEVICE_KEYS = {"gpus", "cpu_merge", "cpu_relocation", "engine"}
+
+# The Keras backends a scenario may run on (its `backends`), and those of a
+# scenario that names none.
+BACKENDS = ("tensorflow", "jax")
+DEFAULT_BACKENDS = ("tensorflow",)
 
 # Spellings that belong to one language only: an R user must not read Python
 # values or calls, nor a Python user R's.
@@ -51,6 +57,11 @@ def load_scenario(path):
         scenario = json.load(handle)
     scenario["name"] = pathlib.Path(path).stem
     return scenario
+
+
+def backends(scenario):
+    """The Keras backends `scenario` runs on: its `backends`, TensorFlow alone by default."""
+    return list(scenario.get("backends", DEFAULT_BACKENDS))
 
 
 def error_step(scenario):
