@@ -5,6 +5,8 @@ The scenario format is described in `tests/scenarios/README.md`. Each file is
 run with the Python API (`scenario_runner.py`, by `test_scenario_python.py`)
 and with the R API (`tests/testthat/helper-scenarios.R`, by the R package's
 `test-scenarios.R` and, in R embedded here, by `test_scenario_parity_keras3.py`);
+a file whose `backends` name JAX runs on JAX too, compared with its TensorFlow
+run (`engines/jax/test_jax_scenarios.py`).
 `test_scenario_schema.py` checks the files' structure.
 """
 
