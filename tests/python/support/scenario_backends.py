@@ -9,11 +9,11 @@ scenarios with the same runner. That process writes each scenario's record
 as one JSON line as soon as the scenario ends, so the two backends run side
 by side; `compare_backends` then compares the records.
 
-Example:
+Example (in a process on JAX):
 >>> runs = TensorFlowRuns(["cnn_count2"], tmp_path)
 >>> jax_record = PythonRun(scenario, tmp_path / "jax").execute()
->>> compare_backends(runs.record("cnn_count2"), jax_record)
-(3.1e-07, 412)
+>>> largest, compared = compare_backends(runs.record("cnn_count2"), jax_record)
+>>> runs.close()
 """
 
 import json
