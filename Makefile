@@ -123,6 +123,9 @@ test-python: setup-python slurm-up
 
 # The JAX engine's tests, in a pytest process of their own: Keras chooses
 # its backend once per process, at import (test-python leaves them out).
+# The shared scenarios that name JAX run there too, each compared with its
+# run on TensorFlow, which one child process of that pytest makes meanwhile
+# (tests/python/engines/jax/test_jax_scenarios.py).
 test-python-jax: setup-python
 	$(START)
 	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax

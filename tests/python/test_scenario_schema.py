@@ -4,11 +4,20 @@ for each language, and enough scenarios of each kind."""
 
 import pytest
 
-from support.scenario_files import DEVICE_KEYS, SCENARIOS, error_step, recipes, speaks
+from support.scenario_files import (
+    BACKENDS,
+    DEVICE_KEYS,
+    SCENARIOS,
+    backends,
+    error_step,
+    recipes,
+    speaks,
+)
+from support.scenario_runner import JAX_READINGS
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-TOP_KEYS = {"description", "recipe", "seed", "data", "devices", "steps"}
+TOP_KEYS = {"description", "backends", "recipe", "seed", "data", "devices", "steps"}
 STEP_KEYS = {
     "build": {"in_strategy"},
     "multi_gpu_model": DEVICE_KEYS | {"on"},
@@ -107,9 +116,74 @@ def scenario_problems(scenario):
     return problems
 
 
+# What the JAX backend does not run (docs/backends.md): model parallelism,
+# strategies and their datasets, and, of `multi_gpu_model`'s arguments,
+# the TensorFlow engines, `cpu_merge=False` and `cpu_relocation=True`
+# (the JAX engine refuses them).
+NOT_ON_JAX_STEPS = {"model_parallel", "mirrored_strategy", "distributed_dataset"}
+JAX_ARGUMENTS = {"engine": ("auto",), "cpu_merge": (True,), "cpu_relocation": (False,)}
+
+
+def backend_problems(scenario):
+    """What keeps a scenario from the backends it names (empty if nothing).
+
+    Every scenario runs on TensorFlow. One that names JAX too uses only
+    what the JAX engine runs, but in its failing step, whose error is
+    compared with TensorFlow's (`engines/jax/test_jax_scenarios.py`).
+    """
+    if "backends" not in scenario:
+        return []
+    named = scenario["backends"]
+    if (not isinstance(named, list) or len(set(named)) != len(named)
+            or not set(named) <= set(BACKENDS) or "tensorflow" not in named):
+        return [f"`backends` must be a list of distinct names from {list(BACKENDS)} "
+                f"that includes 'tensorflow', not {named!r}"]
+    if "jax" not in backends(scenario):
+        return []
+    problems = []
+    failing = error_step(scenario)
+    for i, step in enumerate(scenario["steps"]):
+        if i == failing:
+            continue
+        op = step["do"]
+        if op in NOT_ON_JAX_STEPS or (op == "fit" and "dataset" in step):
+            problems.append(f"step {i} ({op}): not on JAX")
+        if op != "multi_gpu_model":
+            continue
+        args = dict(scenario.get("devices", {}), **step)
+        for key, allowed in JAX_ARGUMENTS.items():
+            if key in args and args[key] not in allowed:
+                problems.append(f"step {i}: {key}={args[key]!r} is refused on JAX")
+        for key, expected in step.get("expect", {}).items():
+            if key == "merge_device" or (
+                    key in JAX_READINGS and expected not in JAX_READINGS[key]):
+                problems.append(f"step {i}: expects {key}={expected!r}, which "
+                                "has no counterpart on JAX")
+    return problems
+
+
 def test_scenario_files_are_well_formed():
-    problems = {s["name"]: scenario_problems(s) for s in SCENARIOS}
+    problems = {s["name"]: scenario_problems(s) + backend_problems(s)
+                for s in SCENARIOS}
     assert not {k: v for k, v in problems.items() if v}
+
+
+def test_backend_rules_catch_what_jax_does_not_run():
+    on_jax = {"description": "", "backends": ["tensorflow", "jax"], "recipe": "mlp",
+              "data": {"seed": 1, "rows": 4}, "devices": {"gpus": 2}}
+    assert backend_problems(dict(on_jax, steps=[
+        {"do": "build"}, {"do": "multi_gpu_model",
+                          "expect": {"engine": "replicate", "split": [4, [2, 2]]}}])) == []
+    assert len(backend_problems(dict(on_jax, devices={"gpus": 2, "cpu_merge": False},
+                                     steps=[{"do": "build"},
+                                            {"do": "multi_gpu_model"}]))) == 1
+    assert len(backend_problems(dict(on_jax, steps=[
+        {"do": "build"}, {"do": "multi_gpu_model", "engine": "mirrored",
+                          "expect": {"merge_device": "/device:CPU:0"}}]))) == 2
+    assert backend_problems(dict(on_jax, steps=[
+        {"do": "mirrored_strategy", "devices": 1,
+         "error": {"class": "ValueError", "message": "not 1"}}])) == []
+    assert len(backend_problems(dict(on_jax, backends=["jax"], steps=[]))) == 1
 
 
 def test_there_are_enough_scenarios_of_each_kind():

@@ -8,8 +8,11 @@ API, are): it only guarantees that both languages start from the same
 initial weights and the same numbers.
 
 Every recipe is seeded with `keras.utils.set_random_seed(seed)` immediately
-before its layers are created, so the same (recipe, seed) gives the same
-initial weights in either language and in any order of scenarios.
+before its layers are created, and its random weights are then drawn again
+by numpy from the same seed (`_backend_free_weights`): Keras's initializers
+draw other numbers on TensorFlow than on JAX, and the same (recipe, seed)
+must give the same initial weights in either language, on either backend
+and in any order of scenarios.
 """
 
 import keras
@@ -136,7 +139,37 @@ def build(recipe, seed):
     if recipe not in RECIPES:
         raise KeyError(f"Unknown recipe {recipe!r}; known: {sorted(RECIPES)}")
     keras.utils.set_random_seed(int(seed))
-    return RECIPES[recipe]()
+    model = RECIPES[recipe]()
+    _backend_free_weights(model, seed)
+    return model
+
+
+def _backend_free_weights(model, seed):
+    """Draws `model`'s random weights with numpy from `seed`.
+
+    A weight whose initializer is a constant (zero biases and BatchNormalization's
+    beta and moving mean, its gamma and moving variance of ones) keeps it,
+    on every backend alike; every other weight is drawn uniformly over
+    Glorot's range for its shape, Keras's default kernel initializer.
+    """
+    rng = np.random.default_rng(int(seed))
+    weights = []
+    for weight in model.get_weights():
+        if weight.size == 0 or np.all(weight == weight.flat[0]):
+            weights.append(weight)
+            continue
+        limit = np.sqrt(6.0 / sum(_fans(weight.shape)))
+        weights.append(rng.uniform(-limit, limit, weight.shape).astype(
+            weight.dtype))
+    model.set_weights(weights)
+
+
+def _fans(shape):
+    """(fan in, fan out) of a weight of `shape`, as Keras's initializers count them."""
+    if len(shape) < 2:
+        return (shape[0], shape[0]) if shape else (1, 1)
+    receptive = int(np.prod(shape[:-2])) if len(shape) > 2 else 1
+    return shape[-2] * receptive, shape[-1] * receptive
 
 
 def _features(rng, rows, *shape):

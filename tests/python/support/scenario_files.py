@@ -5,6 +5,8 @@ The scenario format is described in `tests/scenarios/README.md`. Each file is
 run with the Python API (`scenario_runner.py`, by `test_scenario_python.py`)
 and with the R API (`tests/testthat/helper-scenarios.R`, by the R package's
 `test-scenarios.R` and, in R embedded here, by `test_scenario_parity_keras3.py`);
+a file whose `backends` name JAX runs on JAX too, compared with its TensorFlow
+run (`engines/jax/test_jax_scenarios.py`).
 `test_scenario_schema.py` checks the files' structure.
 """
 
@@ -22,12 +24,18 @@ import recipes  # noqa: E402
 
 sys.dont_write_bytecode = _write_bytecode
 
-__all__ = ["DEVICE_KEYS", "IDS", "ROOT", "SCENARIOS", "SCENARIO_DIR", "error_step",
-           "load_scenario", "recipes", "scenario_paths", "speaks"]
+__all__ = ["BACKENDS", "DEFAULT_BACKENDS", "DEVICE_KEYS", "IDS", "ROOT", "SCENARIOS",
+           "SCENARIO_DIR", "backends", "error_step", "load_scenario", "recipes",
+           "scenario_paths", "speaks"]
 
 # The keys of a scenario's `devices`, which a multi_gpu_model step may set
 # too: the arguments of multi_gpu_model().
 DEVICE_KEYS = {"gpus", "cpu_merge", "cpu_relocation", "engine"}
+
+# The Keras backends a scenario may run on (its `backends`), and those of a
+# scenario that names none.
+BACKENDS = ("tensorflow", "jax")
+DEFAULT_BACKENDS = ("tensorflow",)
 
 # Spellings that belong to one language only: an R user must not read Python
 # values or calls, nor a Python user R's.
@@ -51,6 +59,11 @@ def load_scenario(path):
         scenario = json.load(handle)
     scenario["name"] = pathlib.Path(path).stem
     return scenario
+
+
+def backends(scenario):
+    """The Keras backends `scenario` runs on: its `backends`, TensorFlow alone by default."""
+    return list(scenario.get("backends", DEFAULT_BACKENDS))
 
 
 def error_step(scenario):

@@ -2,7 +2,8 @@
 (the numbers and the errors, within `PARITY_TOLERANCE`) and `parity_summary`,
 used by `test_scenario_parity_keras3.py`, which runs every shared scenario
 through the keras3 R API (R embedded in the pytest process, see
-`embedded_r.py`)."""
+`embedded_r.py`). `compare_numbers` compares two records' numbers, for
+that check and for the comparison of backends (`scenario_backends.py`)."""
 
 import re
 
@@ -41,35 +42,47 @@ def compare_records(python, r):
                 r_error["message"])
         if in_r:
             assert speaks("r", r_error["message"]), r_error["message"]
+    return compare_numbers(python, r)
+
+
+def compare_numbers(reference, other):
+    """Compares the numbers of two records of one scenario.
+
+    Fails on a structural mismatch (other steps, other recorded keys, other
+    shapes). Returns the largest difference of `other`'s numbers from
+    `reference`'s (absolute for weights and predictions; relative above 1
+    for losses and metrics) and how many numbers were compared.
+    """
     largest, compared = 0.0, 0
 
-    def arrays(p_value, r_value):
+    def arrays(ref_value, other_value):
         nonlocal largest, compared
-        largest = max(largest, max_difference(p_value, _as_list(r_value)))
-        compared += sum(a.size for a in flat(p_value))
+        largest = max(largest, max_difference(ref_value, _as_list(other_value)))
+        compared += sum(a.size for a in flat(ref_value))
 
     for key in ("initial_weights", "final_weights"):
-        assert (python[key] is None) == (r.get(key) is None), key
-        if python[key] is not None:
-            arrays(python[key], r[key])
-    assert [s["do"] for s in python["steps"]] == [s["do"] for s in r["steps"]]
-    for p_step, r_step in zip(python["steps"], r["steps"]):
-        assert sorted(p_step) == sorted(r_step), (p_step["do"], sorted(r_step))
-        if "predictions" in p_step:
-            arrays(p_step["predictions"], r_step["predictions"])
+        assert (reference[key] is None) == (other.get(key) is None), key
+        if reference[key] is not None:
+            arrays(reference[key], other[key])
+    assert [s["do"] for s in reference["steps"]] == [s["do"] for s in other["steps"]]
+    for ref_step, other_step in zip(reference["steps"], other["steps"]):
+        assert sorted(ref_step) == sorted(other_step), (
+            ref_step["do"], sorted(other_step))
+        if "predictions" in ref_step:
+            arrays(ref_step["predictions"], other_step["predictions"])
         for key in ("history", "metrics"):
-            if key not in p_step:
+            if key not in ref_step:
                 continue
-            p_values, r_values = p_step[key], dict(r_step[key])
-            assert sorted(p_values) == sorted(r_values), key
-            for name, values in p_values.items():
-                p_array = np.atleast_1d(np.asarray(values, "float64"))
-                r_array = np.atleast_1d(np.asarray(r_values[name], "float64"))
-                assert p_array.shape == r_array.shape, (key, name)
-                scale = np.maximum(1.0, np.abs(p_array))
+            ref_values, other_values = ref_step[key], dict(other_step[key])
+            assert sorted(ref_values) == sorted(other_values), key
+            for name, values in ref_values.items():
+                ref_array = np.atleast_1d(np.asarray(values, "float64"))
+                other_array = np.atleast_1d(np.asarray(other_values[name], "float64"))
+                assert ref_array.shape == other_array.shape, (key, name)
+                scale = np.maximum(1.0, np.abs(ref_array))
                 largest = max(largest, float(np.max(
-                    np.abs(p_array - r_array) / scale)))
-                compared += p_array.size
+                    np.abs(ref_array - other_array) / scale)))
+                compared += ref_array.size
     return largest, compared
 
 

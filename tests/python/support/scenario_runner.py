@@ -1,7 +1,14 @@
 """The Python runner of the shared scenarios: `PythonRun` runs one scenario
 file with the Python API, checks its expectations and records its numbers
 (weights, histories, metrics, predictions) and its error, for the parity
-check against the R run (`test_scenario_parity_keras3.py`)."""
+check against the R run (`test_scenario_parity_keras3.py`) and the
+comparison of the JAX run with the TensorFlow run
+(`engines/jax/test_jax_scenarios.py`).
+
+It runs on the Keras backend of its process. On JAX, what a scenario
+expects of `multi_gpu_model` reads as the JAX engine's counterpart
+(`on_backend`).
+"""
 
 import builtins
 import math
@@ -39,6 +46,46 @@ def shapes(value):
     return [list(np.shape(v)) for v in keras.tree.flatten(value)]
 
 
+# What a scenario expects of `multi_gpu_model` names the TensorFlow engines;
+# on JAX, `multi_gpu_model` has one engine, and these expectations read as
+# its counterparts: the model of data parallelism that `engine="auto"`
+# builds on logical CPU devices is a `ParallelModel` of the replicate
+# engine on TensorFlow, a `ShardedModel` of the JAX engine on JAX.
+JAX_READINGS = {
+    "model_class": {"ParallelModel": "ShardedModel"},
+    "engine": {"replicate": "jax"},
+}
+# Expectations of the TensorFlow engines that have no counterpart on JAX,
+# and why they are not checked there.
+TENSORFLOW_ONLY = {
+    "split": (
+        "the rows per device are the replicate engine's slicing "
+        "(`ParallelModel.batch_split`); on JAX XLA's partitioner splits each "
+        "batch inside the compiled step, in shares of its own choosing "
+        "(10 rows on 4 devices: 3, 3, 3 and 1), with no such method"),
+}
+
+
+def on_backend(expect, backend):
+    """What `expect` of a `multi_gpu_model` step means on `backend`.
+
+    Args:
+        expect: The step's `expect`, as the scenario file writes it.
+        backend: `keras.backend.backend()`.
+
+    Returns:
+        `expect` itself on TensorFlow; on JAX a copy without the
+        `TENSORFLOW_ONLY` expectations, the `JAX_READINGS` read so.
+    """
+    if backend != "jax":
+        return expect
+    read = {k: v for k, v in expect.items() if k not in TENSORFLOW_ONLY}
+    for key, readings in JAX_READINGS.items():
+        if key in read:
+            read[key] = readings.get(read[key], read[key])
+    return read
+
+
 def compile_arguments(step):
     optimizer = step.get("optimizer", "rmsprop")
     if isinstance(optimizer, dict):
@@ -52,10 +99,21 @@ def compile_arguments(step):
 
 
 class PythonRun:
-    """Runs one scenario through the Python API; `record` holds its numbers."""
+    """Runs one scenario through the Python API; `record` holds its numbers.
 
-    def __init__(self, scenario, workdir):
+    Args:
+        scenario: A loaded scenario (`scenario_files.load_scenario`).
+        workdir: A directory for the files the run saves.
+        pooled_batch_norm: On TensorFlow, parallelize a model that has
+            BatchNormalization layers with `sync_batchnorm=True`, statistics
+            over the whole batch, as the JAX engine always takes them: the
+            TensorFlow run that a JAX run is compared with.
+    """
+
+    def __init__(self, scenario, workdir, pooled_batch_norm=False):
         self.scenario = scenario
+        self.backend = keras.backend.backend()
+        self.pooled_batch_norm = pooled_batch_norm and self.backend == "tensorflow"
         self.workdir = pathlib.Path(workdir)
         data = recipes.make_data(scenario["recipe"], scenario["data"]["seed"],
                                  scenario["data"]["rows"])
@@ -133,6 +191,9 @@ class PythonRun:
         args = dict(self.scenario.get("devices", {}))
         args.update({k: step[k] for k in DEVICE_KEYS if k in step})
         source = self.model
+        if self.pooled_batch_norm and _has_batch_norm(source):
+            args["sync_batchnorm"] = True
+        expect = on_backend(expect, self.backend)
         before = source.get_weights() if isinstance(source, keras.Model) else None
         parallel = multigpu.multi_gpu_model(source, **args)
         self.model, self.template = parallel, parallel.template
@@ -318,6 +379,12 @@ class PythonRun:
 
     def do_virtual_devices(self, step, expect, entry):
         multigpu.virtual_devices(step["n"])
+
+
+def _has_batch_norm(model):
+    from multigpu.engines.tensorflow.sync_batchnorm import batch_norm_layers
+
+    return isinstance(model, keras.Model) and bool(batch_norm_layers(model))
 
 
 def _tolerance(value):
