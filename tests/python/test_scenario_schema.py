@@ -117,19 +117,22 @@ def scenario_problems(scenario):
 
 
 # What the JAX backend does not run (docs/backends.md): model parallelism,
-# strategies and their datasets, and, of `multi_gpu_model`'s arguments,
-# the TensorFlow engines, `cpu_merge=False` and `cpu_relocation=True`
-# (the JAX engine refuses them).
-NOT_ON_JAX_STEPS = {"model_parallel", "mirrored_strategy", "distributed_dataset"}
+# strategies and their datasets, the checkpoint callbacks (exact resume),
+# and, of `multi_gpu_model`'s arguments, the TensorFlow engines,
+# `cpu_merge=False` and `cpu_relocation=True` (the JAX engine refuses them).
+NOT_ON_JAX_STEPS = {"model_parallel", "mirrored_strategy", "distributed_dataset",
+                    "checkpoint_callbacks"}
 JAX_ARGUMENTS = {"engine": ("auto",), "cpu_merge": (True,), "cpu_relocation": (False,)}
 
 
 def backend_problems(scenario):
     """What keeps a scenario from the backends it names (empty if nothing).
 
-    Every scenario runs on TensorFlow. One that names JAX too uses only
-    what the JAX engine runs, but in its failing step, whose error is
-    compared with TensorFlow's (`engines/jax/test_jax_scenarios.py`).
+    Every scenario runs on TensorFlow. One that names JAX too calls only
+    what runs on JAX (the others refuse with the backend's error), and
+    passes the JAX engine only arguments it takes, except in its failing
+    step, whose error is compared with TensorFlow's
+    (`engines/jax/test_jax_scenarios.py`).
     """
     if "backends" not in scenario:
         return []
@@ -143,12 +146,11 @@ def backend_problems(scenario):
     problems = []
     failing = error_step(scenario)
     for i, step in enumerate(scenario["steps"]):
-        if i == failing:
-            continue
         op = step["do"]
-        if op in NOT_ON_JAX_STEPS or (op == "fit" and "dataset" in step):
+        if op in NOT_ON_JAX_STEPS or (op == "fit" and ("dataset" in step
+                                                      or step.get("checkpoint"))):
             problems.append(f"step {i} ({op}): not on JAX")
-        if op != "multi_gpu_model":
+        if i == failing or op != "multi_gpu_model":
             continue
         args = dict(scenario.get("devices", {}), **step)
         for key, allowed in JAX_ARGUMENTS.items():
@@ -180,9 +182,11 @@ def test_backend_rules_catch_what_jax_does_not_run():
     assert len(backend_problems(dict(on_jax, steps=[
         {"do": "build"}, {"do": "multi_gpu_model", "engine": "mirrored",
                           "expect": {"merge_device": "/device:CPU:0"}}]))) == 2
-    assert backend_problems(dict(on_jax, steps=[
+    assert len(backend_problems(dict(on_jax, steps=[
         {"do": "mirrored_strategy", "devices": 1,
-         "error": {"class": "ValueError", "message": "not 1"}}])) == []
+         "error": {"class": "ValueError", "message": "not 1"}}]))) == 1
+    assert len(backend_problems(dict(on_jax, steps=[
+        {"do": "build"}, {"do": "fit", "epochs": 1, "checkpoint": True}]))) == 1
     assert len(backend_problems(dict(on_jax, backends=["jax"], steps=[]))) == 1
 
 
