@@ -142,6 +142,9 @@ class Study:
             in every case; the default's type converts them.
         devices: Default device counts, a process each.
         rounds: Default timed rounds per case.
+        environment: Variables set in the environment of its worker
+            processes, e.g. `{"KERAS_BACKEND": "jax"}`: Keras chooses its
+            backend once per process, at import.
     """
 
     name: str
@@ -153,6 +156,7 @@ class Study:
     options: dict = dataclasses.field(default_factory=dict)
     devices: tuple = (2, 4)
     rounds: int = 100
+    environment: dict = dataclasses.field(default_factory=dict)
 
 
 def pair(steps, rounds, warmup=WARMUP, seed=0, clock=time.perf_counter):
@@ -332,6 +336,15 @@ def _worker(study, count, every_case, rounds):
     return rows
 
 
+def worker_environment(study):
+    """The environment of a study's worker processes.
+
+    This process's environment, TensorFlow's info logs off, and the
+    study's `environment` over them.
+    """
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **study.environment}
+
+
 def main(study, argv=None):
     """Runs a study: a worker process per device count, then its outputs.
 
@@ -354,7 +367,7 @@ def main(study, argv=None):
         done = subprocess.run(
             [sys.executable, "-m", f"bench.{study.name}", *argv, "--worker",
              str(count)], stdout=subprocess.PIPE, text=True, check=False,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+            env=worker_environment(study))
         if done.returncode:
             raise SystemExit(f"{study.name} worker on {count} devices failed")
         rows += json.loads(done.stdout.strip().splitlines()[-1])

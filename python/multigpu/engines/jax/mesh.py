@@ -131,6 +131,65 @@ def put_replicated(tree, mesh):
         tree)
 
 
+def put_batch(tree, mesh):
+    """Places a batch for a compiled step: split where its rows divide.
+
+    An array whose rows divide evenly between the devices is split along
+    them, each device receiving only its rows, as the step's constraint
+    splits it; any other array (a batch of 10 rows on 4 devices, say) is
+    placed whole on every device (`put_replicated`), and the step splits it
+    unevenly. Both placements are ones a `jax.Array` can express.
+
+    Args:
+        tree: A structure of arrays whose first axis is the batch (None
+            passes through).
+        mesh: The engine's `device_mesh`.
+
+    Returns:
+        `tree`, its arrays placed on the devices of `mesh`.
+
+    Example:
+    >>> x, y = put_batch((np.ones((8, 3)), np.ones((8,))), mesh)  # 4 devices
+    >>> x.sharding.shard_shape(x.shape)
+    (2, 3)
+    """
+    split, whole = split_rows(mesh), replicated(mesh)
+    count = mesh.devices.size
+
+    def put(value):
+        if value is None:
+            return None
+        divides = np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
+        return jax.device_put(value, split if divides else whole)
+
+    return jax.tree.map(put, tree, is_leaf=lambda value: value is None)
+
+
+def keep_replicated(tree, mesh):
+    """Places on every device the arrays of `tree` that are not there yet.
+
+    A compiled step is compiled for the placement of its arguments: a state
+    whose metrics were reset (placed on one device) would compile the step
+    again. The arrays already whole on every device, the usual case, are
+    passed on untouched, with no transfer.
+
+    Args:
+        tree: A structure of arrays (a step's state).
+        mesh: The engine's `device_mesh`.
+
+    Returns:
+        `tree`, each array whole on every device of `mesh`.
+    """
+    sharding = replicated(mesh)
+
+    def keep(value):
+        if getattr(value, "sharding", None) == sharding:
+            return value
+        return jax.device_put(value, sharding)
+
+    return jax.tree.map(keep, tree)
+
+
 def replicate_variables(variables, mesh):
     """Assigns each Keras variable its value, replicated on `mesh`.
 
