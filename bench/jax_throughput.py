@@ -1,6 +1,7 @@
 """Training throughput on JAX: multigpu's engine against Keras's DataParallel.
 
     python -m bench.jax_throughput --output docs/bench/jax-throughput
+    python -m bench.jax_throughput --quick --output out/jax-throughput
 
 On the JAX backend, `multi_gpu_model` returns the JAX engine's
 `ShardedModel`; Keras's own answer is `keras.distribution.DataParallel`,
@@ -191,7 +192,18 @@ STUDY = paired.Study(
                            "---")),))
 
 
+# `--quick`: the smoke run of `make bench-quick` (seconds of timing; most of
+# its time is the imports and XLA's compilations).
+QUICK = ("--devices", "4", "--rounds", "3", "--workloads", "mlp",
+         "--batches", "64", "--rows", "128")
+
+
 def main(argv=None):
+    """Runs the study; `--quick` stands for the options of `QUICK`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--quick" in argv:
+        argv.remove("--quick")
+        argv = [*QUICK, *argv]
     return paired.main(STUDY, argv)
 
 
