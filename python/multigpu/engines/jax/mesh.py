@@ -155,14 +155,11 @@ def put_batch(tree, mesh):
     """
     split, whole = split_rows(mesh), replicated(mesh)
     count = mesh.devices.size
-
-    def put(value):
-        if value is None:
-            return None
-        divides = np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
-        return jax.device_put(value, split if divides else whole)
-
-    return jax.tree.map(put, tree, is_leaf=lambda value: value is None)
+    leaves, structure = jax.tree.flatten(tree)
+    shardings = [split if np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
+                 else whole for value in leaves]
+    # One transfer call for every array of the batch.
+    return jax.tree.unflatten(structure, jax.device_put(leaves, shardings))
 
 
 def keep_replicated(tree, mesh):
@@ -181,13 +178,15 @@ def keep_replicated(tree, mesh):
         `tree`, each array whole on every device of `mesh`.
     """
     sharding = replicated(mesh)
-
-    def keep(value):
-        if getattr(value, "sharding", None) == sharding:
-            return value
-        return jax.device_put(value, sharding)
-
-    return jax.tree.map(keep, tree)
+    leaves, structure = jax.tree.flatten(tree)
+    stray = [i for i, value in enumerate(leaves)
+             if getattr(value, "sharding", None) != sharding]
+    if stray:
+        # One transfer call for all of them (a reset's metrics, say).
+        placed = jax.device_put([leaves[i] for i in stray], sharding)
+        for i, value in zip(stray, placed, strict=True):
+            leaves[i] = value
+    return jax.tree.unflatten(structure, leaves)
 
 
 def replicate_variables(variables, mesh):
