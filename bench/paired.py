@@ -18,7 +18,8 @@ as much as that thing, so the runner times A and B side by side:
   `results.md`, tables of the columns the study declares.
 
 A study declares only what differs: its A and B (`Arms`, built per case by
-`Study.arms`), its axes and options with their defaults, and its columns.
+`Study.arms`), its axes and options with their defaults, its columns, and
+any environment its workers need (`KERAS_BACKEND`, say).
 
 Example:
     STUDY = paired.Study(

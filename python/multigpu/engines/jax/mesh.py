@@ -7,7 +7,10 @@ batch is constrained to be split along it (`split_batch`), and XLA's
 partitioner gives each device its share of the rows, an uneven share when
 the rows do not divide (a batch of 10 on 4 devices: 3, 3, 3 and 1 rows),
 with its reductions (loss, metrics, gradients, BatchNormalization's
-moments) over the real rows only.
+moments) over the real rows only. A batch reaches the step already split
+when its rows divide (`put_batch`), and whole on every device otherwise;
+the step's state stays whole on every device (`keep_replicated`), so one
+compiled step serves every epoch.
 """
 
 import jax
