@@ -176,7 +176,7 @@ slurm-up:
 # docs/benchmarks.md in a run of its own (the cost studies through one
 # paired runner, bench/paired.py).
 BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
-	sync_batchnorm_cost guard_cost zero_row_padding
+	sync_batchnorm_cost guard_cost zero_row_padding jax_throughput
 bench: setup-python
 	$(PY) -m bench.lockstep --output docs/bench
 	set -e; for side in $(BENCH_SIDES); do \
@@ -184,11 +184,13 @@ bench: setup-python
 	done
 
 # The harness runs once so it never rots: it must run and write its outputs
-# (out/bench-quick), which test_bench.py's bench_quick tests then check
-# (they run here, not in test-python); the numbers are not checked.
+# (out/bench-quick), and so must the JAX study (its workers on JAX), which
+# test_bench.py's bench_quick tests then check (they run here, not in
+# test-python); the numbers are not checked.
 bench-quick: setup-python
 	$(START)
 	$(PY) -m bench.lockstep --quick --output out/bench-quick
+	$(PY) -m bench.jax_throughput --quick --output out/bench-quick/jax-throughput
 	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
 	  tests/python/test_bench.py
 	$(END)

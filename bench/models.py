@@ -14,6 +14,9 @@ Four workloads, from overhead-bound to compute-bound:
 Synthetic data is drawn with a fixed seed, so every configuration (and the
 R-driven run) trains on the same rows.
 
+One more for the JAX engine's study (`bench.jax_throughput`): `mlp`, a
+small MLP (784-256-256-10) on synthetic 784-vectors.
+
 Two more, with BatchNormalization, for the cost studies of
 `sync_batchnorm` (`BATCHNORM_WORKLOADS`): `bn_mlp` and `bn_cnn`, on one
 synthetic batch each.
@@ -77,7 +80,7 @@ def load_data(name, seed=0, rows=None):
     """Training inputs and integer labels of a workload, as numpy arrays.
 
     Args:
-        name: A key of `WORKLOADS`.
+        name: A key of `WORKLOADS`, or `"mlp"`.
         seed: Seed of the synthetic data.
         rows: Keep only the first `rows` rows (`None`: all of them).
 
@@ -91,7 +94,7 @@ def load_data(name, seed=0, rows=None):
         return x[:rows], y[:rows].astype("int32")
     rng = np.random.default_rng(seed)
     shape = {"cnn": (1024, 32, 32, 3), "mnist_cnn": (2048, 28, 28, 1),
-             "mlp_large": (1024, 3072)}[name]
+             "mlp_large": (1024, 3072), "mlp": (2048, 784)}[name]
     x = rng.random(shape, dtype=np.float32)
     y = rng.integers(0, NUM_CLASSES, size=shape[0], dtype=np.int32)
     return x[:rows], y[:rows]
@@ -101,7 +104,7 @@ def build_model(name):
     """A fresh, uncompiled Keras model of a workload.
 
     Args:
-        name: A key of `WORKLOADS` or of `BATCHNORM_WORKLOADS`.
+        name: A key of `WORKLOADS` or of `BATCHNORM_WORKLOADS`, or `"mlp"`.
 
     Returns:
         A functional `keras.Model` with softmax outputs over 10 classes.
@@ -113,7 +116,7 @@ def build_model(name):
     if name in BATCHNORM_WORKLOADS:
         return _batchnorm_model(name)
     return {"cnn": _small_cnn, "mnist_cnn": _mnist_cnn,
-            "mlp_large": _large_mlp}[name]()
+            "mlp_large": _large_mlp, "mlp": _small_mlp}[name]()
 
 
 def one_batch(name):
@@ -239,6 +242,18 @@ def _batchnorm_model(name):
         x = layers.GlobalAveragePooling2D()(x)
     outputs = layers.Dense(NUM_CLASSES, activation="softmax")(x)
     return keras.Model(inputs, outputs, name=name)
+
+
+def _small_mlp():
+    import keras
+
+    inputs = keras.Input((784,), name="features")
+    x = inputs
+    for i in range(2):
+        x = keras.layers.Dense(256, activation="relu", name=f"hidden_{i}")(x)
+    outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax",
+                                 name="label")(x)
+    return keras.Model(inputs, outputs, name="small_mlp")
 
 
 def _large_mlp():

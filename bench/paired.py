@@ -18,7 +18,8 @@ as much as that thing, so the runner times A and B side by side:
   `results.md`, tables of the columns the study declares.
 
 A study declares only what differs: its A and B (`Arms`, built per case by
-`Study.arms`), its axes and options with their defaults, and its columns.
+`Study.arms`), its axes and options with their defaults, its columns, and
+any environment its workers need (`KERAS_BACKEND`, say).
 
 Example:
     STUDY = paired.Study(
@@ -142,6 +143,9 @@ class Study:
             in every case; the default's type converts them.
         devices: Default device counts, a process each.
         rounds: Default timed rounds per case.
+        environment: Variables set in the environment of its worker
+            processes, e.g. `{"KERAS_BACKEND": "jax"}`: Keras chooses its
+            backend once per process, at import.
     """
 
     name: str
@@ -153,6 +157,7 @@ class Study:
     options: dict = dataclasses.field(default_factory=dict)
     devices: tuple = (2, 4)
     rounds: int = 100
+    environment: dict = dataclasses.field(default_factory=dict)
 
 
 def pair(steps, rounds, warmup=WARMUP, seed=0, clock=time.perf_counter):
@@ -332,6 +337,15 @@ def _worker(study, count, every_case, rounds):
     return rows
 
 
+def worker_environment(study):
+    """The environment of a study's worker processes.
+
+    This process's environment, TensorFlow's info logs off, and the
+    study's `environment` over them.
+    """
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **study.environment}
+
+
 def main(study, argv=None):
     """Runs a study: a worker process per device count, then its outputs.
 
@@ -354,7 +368,7 @@ def main(study, argv=None):
         done = subprocess.run(
             [sys.executable, "-m", f"bench.{study.name}", *argv, "--worker",
              str(count)], stdout=subprocess.PIPE, text=True, check=False,
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+            env=worker_environment(study))
         if done.returncode:
             raise SystemExit(f"{study.name} worker on {count} devices failed")
         rows += json.loads(done.stdout.strip().splitlines()[-1])

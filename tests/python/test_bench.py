@@ -407,3 +407,59 @@ def test_the_zero_row_padding_benchmark_steps_its_three_variants():
     assert (row["padded_over_pooled_low"] <= row["padded_over_pooled"]
             <= row["padded_over_pooled_high"])
     assert line.startswith("| demo | 2 |")
+
+
+def test_the_jax_study_runs_its_workers_on_jax():
+    # The parent process (TensorFlow here) only spawns: its workers choose
+    # Keras's JAX backend through their environment.
+    from bench import jax_throughput, paired
+
+    study = jax_throughput.STUDY
+    environment = paired.worker_environment(study)
+    assert environment["KERAS_BACKEND"] == "jax"
+    assert environment["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert study.devices == (4,)
+    parser = paired.argument_parser(study)
+    args = parser.parse_args(list(jax_throughput.QUICK))
+    assert paired.cases(study, args, parser) == [
+        {"workload": "mlp", "batch": 64, "rows": 128}]
+
+
+@pytest.fixture(scope="module")
+def jax_quick_run(tmp_path_factory):
+    """The JAX study's `--quick` run: its output directory.
+
+    `make bench-quick` writes it into MULTIGPU_BENCH_QUICK_OUTPUT's
+    `jax-throughput`; otherwise it runs here.
+    """
+    given = os.environ.get("MULTIGPU_BENCH_QUICK_OUTPUT")
+    if given:
+        return pathlib.Path(given).resolve() / "jax-throughput"
+    output = tmp_path_factory.mktemp("jax-throughput")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.jax_throughput", "--quick",
+         "--output", str(output)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return output
+
+
+@pytest.mark.bench_quick
+def test_the_jax_study_pairs_the_engine_with_data_parallel(jax_quick_run):
+    # Both sides trained (never how fast), and on the uneven batch the
+    # anchor raised while the engine trained as one device does.
+    import json
+
+    rows = json.loads((jax_quick_run / "results.json").read_text())["rows"]
+    assert [(r["workload"], r["batch_size"], r["devices"]) for r in rows] == [
+        ("mlp", 64, 4)]
+    row = rows[0]
+    assert row["multigpu_rows_per_s"] > 0 and row["data_parallel_rows_per_s"] > 0
+    for name in ("speed", "speed_null"):
+        assert row[f"{name}_low"] <= row[name] <= row[f"{name}_high"]
+    assert row["uneven_data_parallel"] == "IndivisibleError"
+    assert row["uneven_multigpu"] == "trains"
+    assert row["uneven_difference"] < 1e-5
+    table = (jax_quick_run / "results.md").read_text().splitlines()
+    assert table[0].startswith("| workload | batch | devices | DataParallel rows/s |")
+    assert table[2].startswith("| mlp | 64 | 4 | ")

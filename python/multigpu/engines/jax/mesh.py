@@ -7,7 +7,10 @@ batch is constrained to be split along it (`split_batch`), and XLA's
 partitioner gives each device its share of the rows, an uneven share when
 the rows do not divide (a batch of 10 on 4 devices: 3, 3, 3 and 1 rows),
 with its reductions (loss, metrics, gradients, BatchNormalization's
-moments) over the real rows only.
+moments) over the real rows only. A batch reaches the step already split
+when its rows divide (`put_batch`), and whole on every device otherwise;
+the step's state stays whole on every device (`keep_replicated`), so one
+compiled step serves every epoch.
 """
 
 import jax
@@ -129,6 +132,64 @@ def put_replicated(tree, mesh):
     return jax.tree.map(
         lambda value: value if value is None else jax.device_put(value, sharding),
         tree)
+
+
+def put_batch(tree, mesh):
+    """Places a batch for a compiled step: split where its rows divide.
+
+    An array whose rows divide evenly between the devices is split along
+    them, each device receiving only its rows, as the step's constraint
+    splits it; any other array (a batch of 10 rows on 4 devices, say) is
+    placed whole on every device (`put_replicated`), and the step splits it
+    unevenly. Both placements are ones a `jax.Array` can express.
+
+    Args:
+        tree: A structure of arrays whose first axis is the batch (None
+            passes through).
+        mesh: The engine's `device_mesh`.
+
+    Returns:
+        `tree`, its arrays placed on the devices of `mesh`.
+
+    Example:
+    >>> x, y = put_batch((np.ones((8, 3)), np.ones((8,))), mesh)  # 4 devices
+    >>> x.sharding.shard_shape(x.shape)
+    (2, 3)
+    """
+    split, whole = split_rows(mesh), replicated(mesh)
+    count = mesh.devices.size
+    leaves, structure = jax.tree.flatten(tree)
+    shardings = [split if np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
+                 else whole for value in leaves]
+    # One transfer call for every array of the batch.
+    return jax.tree.unflatten(structure, jax.device_put(leaves, shardings))
+
+
+def keep_replicated(tree, mesh):
+    """Places on every device the arrays of `tree` that are not there yet.
+
+    A compiled step is compiled for the placement of its arguments: a state
+    whose metrics were reset (placed on one device) would compile the step
+    again. The arrays already whole on every device, the usual case, are
+    passed on untouched, with no transfer.
+
+    Args:
+        tree: A structure of arrays (a step's state).
+        mesh: The engine's `device_mesh`.
+
+    Returns:
+        `tree`, each array whole on every device of `mesh`.
+    """
+    sharding = replicated(mesh)
+    leaves, structure = jax.tree.flatten(tree)
+    stray = [i for i, value in enumerate(leaves)
+             if getattr(value, "sharding", None) != sharding]
+    if stray:
+        # One transfer call for all of them (a reset's metrics, say).
+        placed = jax.device_put([leaves[i] for i in stray], sharding)
+        for i, value in zip(stray, placed, strict=True):
+            leaves[i] = value
+    return jax.tree.unflatten(structure, leaves)
 
 
 def replicate_variables(variables, mesh):

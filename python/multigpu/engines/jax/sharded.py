@@ -165,7 +165,8 @@ class ShardedModel(TemplateWrapper):
         return mesh_lib.gather(keras.Model.predict_step(self, state, data),
                                self.mesh)
 
-    # Keras's step functions, each batch placed whole on every device first.
+    # Keras's step functions, each batch placed on the devices first (split
+    # where it divides) and the state whole on every device.
 
     def make_train_function(self, force=False):
         return self._fed("train_function", keras.Model.make_train_function, force)
@@ -183,16 +184,21 @@ class ShardedModel(TemplateWrapper):
         make(self, force)
         function = getattr(self, attribute)
         if function is not None and function is not before:
-            function = _fed_replicated(function, self.mesh)
+            function = _fed(function, self.mesh)
             setattr(self, attribute, function)
         return function
 
 
-def _fed_replicated(function, mesh):
-    """`function(state, iterator)`, its iterator's batches on every device."""
+def _fed(function, mesh):
+    """`function(state, iterator)` on a replicated state and placed batches.
+
+    The state's arrays are whole on every device (`mesh.keep_replicated`),
+    so one compiled step serves every epoch, the first step after metrics
+    were reset included; each batch is placed by `mesh.put_batch`.
+    """
 
     def fed(state, iterator):
-        return function(state, (mesh_lib.put_replicated(batch, mesh)
-                                for batch in iterator))
+        return function(mesh_lib.keep_replicated(state, mesh),
+                        (mesh_lib.put_batch(batch, mesh) for batch in iterator))
 
     return fed

@@ -270,3 +270,28 @@ def test_every_device_by_default_and_the_data_checked_as_on_tensorflow():
     x, y = rows_of(10)
     with pytest.raises(ValueError, match="Invalid `batch_size`"):
         parallel.fit(x, y, batch_size=-1, verbose=0)
+
+
+def test_later_epochs_compile_nothing_and_dividing_batches_arrive_split():
+    # Each epoch resets the metrics; the step still receives its state
+    # whole on every device, so the step compiled in the first epoch serves
+    # the next ones. A batch whose rows divide arrives split, each device
+    # its rows; one that does not arrives whole, for the step to split.
+    parallel = compiled(multigpu.multi_gpu_model(normalized_mlp(), gpus=4), "adam")
+    x, y = rows_of(32)
+    parallel.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    compiles = []
+
+    def listen(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        parallel.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert compiles == []
+    even, uneven = mesh_lib.put_batch((x[:8], x[:10]), parallel.mesh)
+    assert even.sharding.shard_shape(even.shape) == (2, 6)
+    assert uneven.sharding.is_fully_replicated
