@@ -115,7 +115,7 @@ lint: setup-python
 # slowest tests, to keep CI within its time.
 test-python: setup-python slurm-up
 	$(START)
-	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=15 \
+	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=30 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
 	  --ignore=tests/python/test_scenario_python.py \
 	  --ignore=tests/python/engines/jax
