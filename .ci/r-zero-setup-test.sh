@@ -71,16 +71,17 @@ fresh_r() {
     TF_CPP_MIN_LOG_LEVEL=2 "$@" "$rscript" -e "$script"
 }
 
-script='
-library(keras3)
-library(multigpu)
-stopifnot(!reticulate::py_available())
+# The same training in every session: a keras3 model on 2 simulated devices,
+# 5 epochs of iris; its loss falls.
+build='
 virtual_devices(2)
 set_random_seed(1)
 model <- keras_model_sequential(input_shape = 4) |>
   layer_dense(8, activation = "relu") |>
   layer_dense(3, activation = "softmax")
 parallel <- multi_gpu_model(model, gpus = 2)
+'
+train='
 parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
 x <- scale(as.matrix(iris[, 1:4]))
 y <- as.integer(iris$Species) - 1L
@@ -90,6 +91,12 @@ cat("loss by epoch:", format(loss, digits = 4), "\n")
 stopifnot(length(loss) == 5, all(is.finite(loss)), loss[5] < loss[1])
 config <- multigpu_config()
 print(config)
+'
+script='
+library(keras3)
+library(multigpu)
+stopifnot(!reticulate::py_available())
+'"$build$train"'
 stopifnot(config$available, !nzchar(Sys.getenv("RETICULATE_PYTHON")),
           startsWith(config$versions[["tensorflow"]], "2.21."),
           identical(config$versions[["multigpu"]],
@@ -128,22 +135,9 @@ library(keras3)
 use_backend("jax")
 library(multigpu)
 stopifnot(!reticulate::py_available())
-virtual_devices(2)
-set_random_seed(1)
-model <- keras_model_sequential(input_shape = 4) |>
-  layer_dense(8, activation = "relu") |>
-  layer_dense(3, activation = "softmax")
-parallel <- multi_gpu_model(model, gpus = 2)
+'"$build"'
 stopifnot(identical(parallel$engine, "jax"), isTRUE(parallel$sync_batchnorm))
-parallel |> compile(optimizer = "adam", loss = "sparse_categorical_crossentropy")
-x <- scale(as.matrix(iris[, 1:4]))
-y <- as.integer(iris$Species) - 1L
-history <- parallel |> fit(x, y, epochs = 5, batch_size = 16, verbose = 0)
-loss <- history$metrics$loss
-cat("loss by epoch:", format(loss, digits = 4), "\n")
-stopifnot(length(loss) == 5, all(is.finite(loss)), loss[5] < loss[1])
-config <- multigpu_config()
-print(config)
+'"$train"'
 stopifnot(config$available, identical(config_backend(), "jax"))
 # JAX in the range of the core'"'"'s jax extra (pyproject.toml, read from the
 # installed core'"'"'s metadata).

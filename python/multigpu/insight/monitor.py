@@ -309,9 +309,7 @@ class ScalingMonitor(keras.callbacks.Callback):
                         seconds.append(time.perf_counter() - start)
             self._baseline_seconds = statistics.median(seconds)
         except (ValueError, TypeError, NotImplementedError) as error:
-            self._baseline_problem = (
-                f"no one-device baseline: the model could not be copied or "
-                f"trained alone ({type(error).__name__}: {error})")
+            self._no_baseline(error)
 
     def _jax_baseline(self):
         """Measures the baseline on JAX, after the first step ended.
@@ -326,6 +324,12 @@ class ScalingMonitor(keras.callbacks.Callback):
             self.model.jax_state_sync()
             self._measure_baseline(batch)
             self._baseline_cost = time.perf_counter() - cost
+
+    def _no_baseline(self, error):
+        """Says why the one-device baseline could not be measured."""
+        self._baseline_problem = (
+            f"no one-device baseline: the model could not be copied or "
+            f"trained alone ({type(error).__name__}: {error})")
 
     def _measure_jax_baseline(self, batch):
         """`_measure_baseline` on JAX: Keras's step on the first device.
@@ -365,9 +369,7 @@ class ScalingMonitor(keras.callbacks.Callback):
                         seconds.append(time.perf_counter() - start)
             self._baseline_seconds = statistics.median(seconds)
         except (ValueError, TypeError, NotImplementedError) as error:
-            self._baseline_problem = (
-                f"no one-device baseline: the model could not be copied or "
-                f"trained alone ({type(error).__name__}: {error})")
+            self._no_baseline(error)
 
     def _measured(self):
         """Step and period seconds of the steps after the warm-up."""

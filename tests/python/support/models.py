@@ -271,3 +271,12 @@ def zoo_batch(model, rng, rows):
     ys = [rng.standard_normal((rows,) + tuple(o.shape[1:])).astype("float32")
           for o in outputs]
     return (xs if len(xs) > 1 else xs[0]), (ys if len(ys) > 1 else ys[0])
+
+
+def normalized_mlp():
+    """A small model with BatchNormalization, whose batch statistics a split across devices must pool."""
+    inputs = keras.Input((6,), name="features")
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+    hidden = keras.layers.BatchNormalization(name="norm")(hidden)
+    outputs = keras.layers.Dense(3, name="scores")(hidden)
+    return keras.Model(inputs, outputs, name="normalized_mlp")

@@ -16,27 +16,14 @@ import pytest
 import multigpu
 from multigpu.engines.jax import mesh as mesh_lib
 from multigpu.engines.jax.sharded import ShardedModel
-from support.models import copy_of
+from support.models import copy_of, normalized_mlp
 
 # Weights and predictions: absolute; losses and metrics, sums over rows
 # whose order differs across devices: relative (as the TensorFlow engines'
 # tests).
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="needs the JAX backend, which Keras chooses once per process at "
-           "import: run `KERAS_BACKEND=jax pytest tests/python/engines/jax` "
-           "(make test-python-jax)")
 
-
-def normalized_mlp():
-    """A small model with BatchNormalization, whose batch statistics the split must pool."""
-    inputs = keras.Input((6,), name="features")
-    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
-    hidden = keras.layers.BatchNormalization(name="norm")(hidden)
-    outputs = keras.layers.Dense(3, name="scores")(hidden)
-    return keras.Model(inputs, outputs, name="normalized_mlp")
 
 
 def rows_of(rows, seed=0):

@@ -21,22 +21,11 @@ from multigpu import backends, internals
 from multigpu.checkpoints import AtomicBackupAndRestore
 from multigpu.insight import memory_plan as memory_lib
 from multigpu.messages import language
-from support.models import copy_of
+from support.models import copy_of, normalized_mlp
 
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="needs the JAX backend, which Keras chooses once per process at "
-           "import: run `KERAS_BACKEND=jax pytest tests/python/engines/jax` "
-           "(make test-python-jax)")
 
-
-def normalized_mlp():
-    inputs = keras.Input((6,), name="features")
-    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
-    hidden = keras.layers.BatchNormalization(name="norm")(hidden)
-    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(hidden))
 
 
 def rows_of(rows, seed=0):

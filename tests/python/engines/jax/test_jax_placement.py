@@ -15,12 +15,6 @@ import pytest
 import multigpu
 from multigpu.placement import communication, hlo
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax",
-    reason="needs the JAX backend, which Keras chooses once per process at "
-           "import: run `KERAS_BACKEND=jax pytest tests/python/engines/jax` "
-           "(make test-python-jax)")
-
 DEVICES = [f"/device:CPU:{i}" for i in range(4)]
 
 

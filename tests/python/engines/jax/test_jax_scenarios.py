@@ -20,7 +20,6 @@ Needs a pytest process started with `KERAS_BACKEND=jax`
 (`make test-python-jax`); in any other process it is skipped, saying so.
 """
 
-import keras
 import pytest
 
 from support.scenario_backends import (
@@ -32,14 +31,7 @@ from support.scenario_backends import (
 from support.scenario_files import error_step
 from support.scenario_runner import PythonRun
 
-pytestmark = [
-    pytest.mark.skipif(
-        keras.backend.backend() != "jax",
-        reason="needs the JAX backend, which Keras chooses once per process at "
-               "import: run `KERAS_BACKEND=jax pytest tests/python/engines/jax` "
-               "(make test-python-jax)"),
-    pytest.mark.filterwarnings("ignore::UserWarning"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 SCENARIOS = jax_scenarios()
 
