@@ -186,10 +186,13 @@ bench: setup-python
 # The harness runs once so it never rots: it must run and write its outputs
 # (out/bench-quick), and so must the JAX study (its workers on JAX), which
 # test_bench.py's bench_quick tests then check (they run here, not in
-# test-python); the numbers are not checked.
+# test-python); the numbers are not checked. One configuration per kind of
+# worker (plain Keras, multi_gpu_model with its twin, MirroredStrategy by
+# hand, R): the other engines run the same worker code.
 bench-quick: setup-python
 	$(START)
-	$(PY) -m bench.lockstep --quick --output out/bench-quick
+	$(PY) -m bench.lockstep --quick --configs plain,default,mirrored_by_hand,r \
+	  --output out/bench-quick
 	$(PY) -m bench.jax_throughput --quick --output out/bench-quick/jax-throughput
 	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
 	  tests/python/test_bench.py

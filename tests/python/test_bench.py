@@ -19,8 +19,8 @@ if str(REPO) not in sys.path:  # `bench` lives at the top of the checkout
 def quick_run(tmp_path_factory):
     """One tiny `--quick` run: plain Keras and the default engine, 2 devices.
 
-    `make bench-quick` runs the harness anyway (every configuration, 2
-    devices) and then these tests on its outputs, named by
+    `make bench-quick` runs the harness anyway (a configuration of each
+    kind of worker, 2 devices) and then these tests on its outputs, named by
     MULTIGPU_BENCH_QUICK_OUTPUT; `make test-python` leaves them to it.
     """
     given = os.environ.get("MULTIGPU_BENCH_QUICK_OUTPUT")
