@@ -244,28 +244,25 @@ def _batchnorm_model(name):
     return keras.Model(inputs, outputs, name=name)
 
 
-def _small_mlp():
+def _mlp(features, width, depth, name):
+    """`depth` ReLU layers of `width` units over `features` inputs, then softmax."""
     import keras
 
-    inputs = keras.Input((784,), name="features")
+    inputs = keras.Input((features,), name="features")
     x = inputs
-    for i in range(2):
-        x = keras.layers.Dense(256, activation="relu", name=f"hidden_{i}")(x)
+    for i in range(depth):
+        x = keras.layers.Dense(width, activation="relu", name=f"hidden_{i}")(x)
     outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax",
                                  name="label")(x)
-    return keras.Model(inputs, outputs, name="small_mlp")
+    return keras.Model(inputs, outputs, name=name)
+
+
+def _small_mlp():
+    return _mlp(784, 256, 2, "small_mlp")
 
 
 def _large_mlp():
-    import keras
-
-    inputs = keras.Input((3072,), name="features")
-    x = inputs
-    for i in range(3):
-        x = keras.layers.Dense(2048, activation="relu", name=f"hidden_{i}")(x)
-    outputs = keras.layers.Dense(NUM_CLASSES, activation="softmax",
-                                 name="label")(x)
-    return keras.Model(inputs, outputs, name="large_mlp")
+    return _mlp(3072, 2048, 3, "large_mlp")
 
 
 def compile_args():
