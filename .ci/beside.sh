@@ -8,9 +8,10 @@ set -uo pipefail
 mkdir -p out
 first="$1"
 shift
+others=("$@")
 logs=()
 pids=()
-for command in "$@"; do
+for command in "${others[@]}"; do
   log=$(mktemp out/beside.XXXXXX.log)
   bash -c "$command" >"$log" 2>&1 &
   pids+=("$!")
@@ -23,9 +24,9 @@ failed=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
   status=$?
-  echo "== ${*:$((i + 1)):1} (ran beside $first; exit $status)"
+  echo "== ${others[$i]} (ran beside $first; exit $status)"
   cat "${logs[$i]}"
   rm -f "${logs[$i]}"
-  [ "$status" -eq 0 ] || { echo "beside: '${*:$((i + 1)):1}' failed ($status)" >&2; failed=1; }
+  [ "$status" -eq 0 ] || { echo "beside: '${others[$i]}' failed ($status)" >&2; failed=1; }
 done
 exit "$failed"
