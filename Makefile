@@ -39,6 +39,9 @@ export R_LIBS := $(R_LIB)
 export RETICULATE_PYTHON := $(CURDIR)/$(PY)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 SITE := out/site
+# The R package's tarball, as R CMD build names it (r-tarball).
+R_VERSION := $(shell sed -n 's/^Version: *//p' DESCRIPTION)
+R_TARBALL := out/r-check/multigpu_$(R_VERSION).tar.gz
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # Each step says when it starts and ends, so a log shows where the time went.
 START = @echo "== make $@: started $$(date +%T)"
@@ -46,7 +49,7 @@ END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
-	test-python-jax test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
+	test-python-jax r-tarball test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
 demo: $(DEMO_STAMP)
@@ -90,17 +93,21 @@ $(R_STAMP):
 	Rscript -e 'library(keras3); library(tfdatasets); stopifnot(packageVersion("reticulate") >= "1.42")'
 	touch $@
 
-# Every step CI runs, in this order; each step can also be run alone.
-# The R package's check, the scenarios' parity (R embedded in one pytest
-# process) and the JAX engine's tests each keep about one core busy: they
-# run at the same time, so that no core waits for the longest of them.
-test: setup lint test-python
-	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r" \
-	  "$(MAKE) --no-print-directory test-r-parity" \
-	  "$(MAKE) --no-print-directory test-python-jax"
-	bash .ci/beside.sh "$(MAKE) --no-print-directory docs" \
-	  "$(MAKE) --no-print-directory test-r-zero-setup" \
-	  "$(MAKE) --no-print-directory bench-quick"
+# Every step CI runs; each step can also be run alone. The Python suite
+# keeps both cores busy most of the time but not all of it (tests that wait
+# on processes, timers or each other): the docs and the scenarios' parity,
+# which measure no time, run beside it at the lowest priority (nice 19) and
+# take only what it leaves. Then the R package's tarball, and every step
+# left at the same time, also at nice 19 so that they share the cores
+# fairly with the docs and the parity: one pool, in which no core waits
+# for the longest step of a group. beside.sh ends with each step's wall
+# and CPU time.
+LOW := nice -n 19 $(MAKE) --no-print-directory
+test: setup lint
+	bash .ci/beside.sh "$(MAKE) --no-print-directory test-python && $(LOW) r-tarball && \
+	    bash .ci/beside.sh '$(LOW) test-r' '$(LOW) test-python-jax' \
+	      '$(LOW) test-r-zero-setup' '$(LOW) bench-quick'" \
+	  "$(LOW) docs" "$(LOW) test-r-parity"
 
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.
@@ -131,12 +138,23 @@ test-python-jax: setup-python
 	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
 	$(END)
 
-# The R package: NAMESPACE and man/ up to date, R CMD build (the vignettes
-# are knitted once, by pkgdown in `make docs`), the tarball installing
-# itself, R CMD check with testthat.
-test-r: setup
+# The R package: the tarball (r-tarball), installing itself as a user
+# installs it, R CMD check with testthat.
+test-r: setup $(R_TARBALL)
 	$(START)
-	bash .ci/r-check.sh
+	bash .ci/r-check.sh check
+	$(END)
+
+# The R package's tarball: NAMESPACE and man/ as roxygen2 writes them,
+# then R CMD build (the vignettes are knitted once, by pkgdown in `make
+# docs`), into out/r-check; made again when the package's sources are newer.
+r-tarball: $(R_TARBALL)
+
+$(R_TARBALL): DESCRIPTION NAMESPACE pyproject.toml $(shell find R man vignettes \
+	  tests/testthat tests/testthat.R tests/scenarios inst python/multigpu \
+	  -type f -not -path '*/__pycache__/*') | setup-r
+	$(START)
+	bash .ci/r-check.sh build
 	$(END)
 
 # The shared scenarios through the keras3 R API (R embedded in a pytest
@@ -147,17 +165,9 @@ test-r-parity: setup $(RPY2_STAMP)
 	$(PY) -m pytest -q tests/python/test_scenario_parity_keras3.py
 	$(END)
 
-# The tarball test-r builds (R CMD build, in .ci/r-check.sh); made by
-# test-r when it is missing or older than the package's sources.
-R_VERSION := $(shell sed -n 's/^Version: *//p' DESCRIPTION)
-R_TARBALL := out/r-check/multigpu_$(R_VERSION).tar.gz
-$(R_TARBALL): DESCRIPTION NAMESPACE $(wildcard R/*.R vignettes/*.Rmd) \
-	  $(shell find python/multigpu -name '*.py')
-	$(MAKE) --no-print-directory test-r
-
 # A fresh R session with nothing configured trains after library(keras3);
 # library(multigpu) (reticulate builds the environment with uv); installs
-# the tarball test-r built.
+# the tarball r-tarball made.
 test-r-zero-setup: setup $(R_TARBALL)
 	$(START)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH bash .ci/r-zero-setup-test.sh $(R_TARBALL)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs commands side by side (steps that each keep a core busy, or wait on
 # downloads): the first in the foreground, each other one into a log that is
-# printed when all are done. Fails when any failed.
+# printed when all are done. Fails when any failed. Ends with each
+# command's wall time and the CPU time it and its child processes used, so
+# a log shows which step to make cheaper (on a busy machine, CPU time is
+# what a step costs the others).
 #
 #   bash .ci/beside.sh "make test-r" "make test-r-parity" "make test-python-jax"
 set -uo pipefail
@@ -11,22 +14,49 @@ shift
 others=("$@")
 logs=()
 pids=()
+timings=()
+
+# Runs $1 and writes "<exit> <wall s> <CPU s>" to $2: bash's `times` in the
+# subshell that ran it counts every waited-for descendant.
+timed() {
+  (
+    start=$SECONDS
+    bash -c "$1"
+    status=$?
+    # (a redirection, not a pipe: `times` must run in this subshell)
+    times >"$2"
+    cpu=$(awk 'NR == 2 {
+      s = 0
+      for (i = 1; i <= 2; i++) { split($i, p, "m"); s += p[1] * 60 + p[2] }
+      printf "%.0f", s }' "$2")
+    echo "$status $((SECONDS - start)) $cpu" >"$2"
+  )
+}
+
 for command in "${others[@]}"; do
   log=$(mktemp out/beside.XXXXXX.log)
-  bash -c "$command" >"$log" 2>&1 &
+  timing=$(mktemp out/beside.XXXXXX.time)
+  timed "$command" "$timing" >"$log" 2>&1 &
   pids+=("$!")
   logs+=("$log")
+  timings+=("$timing")
 done
-bash -c "$first"
-status=$?
+first_timing=$(mktemp out/beside.XXXXXX.time)
+timed "$first" "$first_timing"
 failed=0
+report=()
+read -r status wall cpu <"$first_timing"
 [ "$status" -eq 0 ] || { echo "beside: '$first' failed ($status)" >&2; failed=1; }
+report+=("$(printf '%6s s %6s s  exit %s  %s' "$wall" "$cpu" "$status" "$first")")
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
-  status=$?
+  read -r status wall cpu <"${timings[$i]}"
   echo "== ${others[$i]} (ran beside $first; exit $status)"
   cat "${logs[$i]}"
-  rm -f "${logs[$i]}"
+  report+=("$(printf '%6s s %6s s  exit %s  %s' "$wall" "$cpu" "$status" "${others[$i]}")")
   [ "$status" -eq 0 ] || { echo "beside: '${others[$i]}' failed ($status)" >&2; failed=1; }
 done
+rm -f "${logs[@]}" "${timings[@]}" "$first_timing"
+echo "== beside: wall, CPU (with child processes), exit, command"
+printf '%s\n' "${report[@]}"
 exit "$failed"

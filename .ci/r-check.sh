@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Builds and checks the R package multigpu, and reports its testthat results.
 #
-#   bash .ci/r-check.sh
+#   bash .ci/r-check.sh           # both parts
+#   bash .ci/r-check.sh build     # 1-2: the tarball, in out/r-check
+#   bash .ci/r-check.sh check     # 3-5, on the tarball `build` made
+#
+# `make test` builds first, then checks at the same time as the steps that
+# only need the tarball (the zero set-up test).
 #
 # 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
 # 2. R CMD build of a copy of the sources without .git, .venv, .r-lib and
@@ -35,8 +40,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export _R_CHECK_FORCE_SUGGESTS_=true
 export _R_CHECK_SYSTEM_CLOCK_=false
 out="${R_CHECK_DIR:-$root/out/r-check}"
-rm -rf "$out"
-mkdir -p "$out"
+part="${1:-all}"
+case "$part" in
+  all|build|check) ;;
+  *) echo "r-check: unknown part '$part' (build, check, or none for both)" >&2; exit 2 ;;
+esac
 
 if [ ! -x "$RETICULATE_PYTHON" ]; then
   echo "r-check: no Python at $RETICULATE_PYTHON (run 'make setup' first)" >&2
@@ -51,22 +59,33 @@ copy_sources() {
     -cf - . | tar -xf - -C "$1"
 }
 
-echo "== roxygen2: NAMESPACE and man/ are up to date"
-copy_sources "$out/roxygen"
-(cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
-if ! diff -r -q "$root/man" "$out/roxygen/man" ||
-   ! diff -q "$root/NAMESPACE" "$out/roxygen/NAMESPACE"; then
-  echo "r-check: NAMESPACE or man/ differ from what roxygen2 generates;" \
-       "run Rscript -e 'roxygen2::roxygenise()'" >&2
+if [ "$part" != check ]; then
+  rm -rf "$out"
+  mkdir -p "$out"
+  echo "== roxygen2: NAMESPACE and man/ are up to date"
+  copy_sources "$out/roxygen"
+  (cd "$out/roxygen" && Rscript -e 'roxygen2::roxygenise()' >/dev/null 2>&1)
+  if ! diff -r -q "$root/man" "$out/roxygen/man" ||
+     ! diff -q "$root/NAMESPACE" "$out/roxygen/NAMESPACE"; then
+    echo "r-check: NAMESPACE or man/ differ from what roxygen2 generates;" \
+         "run Rscript -e 'roxygen2::roxygenise()'" >&2
+    exit 1
+  fi
+
+  echo "== R CMD build"
+  copy_sources "$out/source/multigpu"
+  build_options=(--no-build-vignettes)
+  if [ "${R_CHECK_VIGNETTES:-0}" = 1 ]; then build_options=(); fi
+  (cd "$out" && R CMD build "${build_options[@]}" "$out/source/multigpu")
+fi
+[ "$part" = build ] && exit 0
+
+tarball=$(ls "$out"/multigpu_*.tar.gz 2>/dev/null || true)
+if [ -z "$tarball" ]; then
+  echo "r-check: no tarball in $out (run 'bash .ci/r-check.sh build' first)" >&2
   exit 1
 fi
-
-echo "== R CMD build"
-copy_sources "$out/source/multigpu"
-build_options=(--no-build-vignettes)
-if [ "${R_CHECK_VIGNETTES:-0}" = 1 ]; then build_options=(); fi
-(cd "$out" && R CMD build "${build_options[@]}" "$out/source/multigpu")
-tarball=$(ls "$out"/multigpu_*.tar.gz)
+rm -rf "$out/multigpu.Rcheck"
 
 echo "== the tarball installed as a user does: install_multigpu(), then training"
 bash "$root/.ci/r-install-test.sh" "$tarball"

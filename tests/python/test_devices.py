@@ -1,5 +1,6 @@
 """Device resolution and simulated devices."""
 
+import functools
 import json
 import os
 import subprocess
@@ -266,8 +267,15 @@ def thread_pools(n, threads, env=None, before=""):
     return json.loads(result.stdout.splitlines()[-1])
 
 
+@functools.cache
+def plain_thread_pools(n, threads):
+    """`thread_pools(n, threads)` with no environment or code before, once
+    per test process: several tests compare with the same set-up."""
+    return thread_pools(n, threads)
+
+
 def test_each_logical_cpu_device_owns_a_pool_of_threads():
-    three, one = thread_pools(2, 3), thread_pools(2, 1)
+    three, one = plain_thread_pools(2, 3), thread_pools(2, 1)
     assert (three["intra"], three["own"]) == (3, "1")
     assert (one["intra"], one["own"]) == (1, "1")
     # Two devices with a pool each: 2 x (3 - 1) more threads.
@@ -295,7 +303,7 @@ def test_threads_the_program_set_are_kept_per_device():
     from_env = thread_pools(2, None, env={"TF_NUM_INTRAOP_THREADS": "3"})
     # TensorFlow reads the variable itself; the session setting stays unset.
     assert (from_env["intra"], from_env["own"]) == (0, "1")
-    assert from_env["threads"] == thread_pools(2, 3)["threads"]
+    assert from_env["threads"] == plain_thread_pools(2, 3)["threads"]
 
 
 def test_usable_cores_falls_back_to_cpu_count_without_affinity(monkeypatch):
