@@ -98,9 +98,9 @@ $(R_STAMP):
 # the same time: each keeps about one core busy for minutes and the steps
 # end at different times, so one pool leaves no core waiting for the
 # longest step of a group. beside.sh ends with each step's wall and CPU
-# time. (Beside the Python suite even at nice 19, the docs and the parity
-# slowed it by a fifth and gained less than a minute in all: the suite
-# stays alone.)
+# time. (Beside the Python suite, even at nice 19, the docs and the parity
+# slowed its tests by a fifth and pushed a teardown past 10 s: the suite
+# runs alone.)
 test: setup lint test-python
 	$(MAKE) --no-print-directory r-tarball
 	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r" \
