@@ -16,7 +16,7 @@ logs=()
 pids=()
 timings=()
 
-# Runs $1 and writes "<exit> <wall s> <CPU s>" to $2: bash's `times` in the
+# Runs $1, exits with its status and writes "<exit> <wall s> <CPU s>" to $2: bash's `times` in the
 # subshell that ran it counts every waited-for descendant.
 timed() {
   (
@@ -30,7 +30,15 @@ timed() {
       for (i = 1; i <= 2; i++) { split($i, p, "m"); s += p[1] * 60 + p[2] }
       printf "%.0f", s }' "$2")
     echo "$status $((SECONDS - start)) $cpu" >"$2"
+    exit "$status"
   )
+}
+
+# One line of the closing report, from a `timed` file: wall, CPU, exit, $2.
+report_line() {
+  local status wall cpu
+  read -r status wall cpu <"$1"
+  printf '%6s s %6s s  exit %s  %s' "$wall" "$cpu" "$status" "$2"
 }
 
 for command in "${others[@]}"; do
@@ -43,17 +51,17 @@ for command in "${others[@]}"; do
 done
 first_timing=$(mktemp out/beside.XXXXXX.time)
 timed "$first" "$first_timing"
+status=$?
 failed=0
 report=()
-read -r status wall cpu <"$first_timing"
 [ "$status" -eq 0 ] || { echo "beside: '$first' failed ($status)" >&2; failed=1; }
-report+=("$(printf '%6s s %6s s  exit %s  %s' "$wall" "$cpu" "$status" "$first")")
+report+=("$(report_line "$first_timing" "$first")")
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"
-  read -r status wall cpu <"${timings[$i]}"
+  status=$?
   echo "== ${others[$i]} (ran beside $first; exit $status)"
   cat "${logs[$i]}"
-  report+=("$(printf '%6s s %6s s  exit %s  %s' "$wall" "$cpu" "$status" "${others[$i]}")")
+  report+=("$(report_line "${timings[$i]}" "${others[$i]}")")
   [ "$status" -eq 0 ] || { echo "beside: '${others[$i]}' failed ($status)" >&2; failed=1; }
 done
 rm -f "${logs[@]}" "${timings[@]}" "$first_timing"
