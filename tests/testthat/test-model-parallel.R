@@ -60,7 +60,9 @@ test_that("training a partitioned model trains its template like the model", {
   save_model_hdf5(partitioned, path)
   loaded <- load_model_hdf5(path)
   expect_false(inherits(loaded, "multigpu.partition.model_parallel.PartitionedModel"))
-  expect_equal(loaded$get_weights(), reference$get_weights(), tolerance = 1e-6)
+  # Saving keeps the trained weights exactly; the microbatched gradients
+  # differ from the reference's by rounding (compared above at 1e-5).
+  expect_identical(loaded$get_weights(), partitioned$template$get_weights())
 })
 
 test_that("model_parallel() errors name the argument and the fix", {
