@@ -49,7 +49,7 @@ END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
-	test-python-jax r-tarball test-r test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
+	test-python-jax r-tarball test-r test-r-install test-r-check test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
 demo: $(DEMO_STAMP)
@@ -103,7 +103,8 @@ $(R_STAMP):
 # runs alone.)
 test: setup lint test-python
 	$(MAKE) --no-print-directory r-tarball
-	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r" \
+	bash .ci/beside.sh "$(MAKE) --no-print-directory test-r-check" \
+	  "$(MAKE) --no-print-directory test-r-install" \
 	  "$(MAKE) --no-print-directory test-r-parity" \
 	  "$(MAKE) --no-print-directory test-python-jax" \
 	  "$(MAKE) --no-print-directory docs" \
@@ -139,9 +140,17 @@ test-python-jax: setup-python
 	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
 	$(END)
 
-# The R package: the tarball (r-tarball), installing itself as a user
-# installs it, R CMD check with testthat.
-test-r: setup $(R_TARBALL)
+# The R package: the tarball (r-tarball) installed as a user installs it
+# (test-r-install), then R CMD check with testthat (test-r-check); `make
+# test` runs the two at the same time.
+test-r: test-r-install test-r-check
+
+test-r-install: setup $(R_TARBALL)
+	$(START)
+	bash .ci/r-check.sh install
+	$(END)
+
+test-r-check: setup $(R_TARBALL)
 	$(START)
 	bash .ci/r-check.sh check
 	$(END)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds and checks the R package multigpu, and reports its testthat results.
 #
-#   bash .ci/r-check.sh           # both parts
+#   bash .ci/r-check.sh           # every part
 #   bash .ci/r-check.sh build     # 1-2: the tarball, in out/r-check
-#   bash .ci/r-check.sh check     # 3-5, on the tarball `build` made
+#   bash .ci/r-check.sh install   # 3, on the tarball `build` made
+#   bash .ci/r-check.sh check     # 4-5, on the tarball `build` made
 #
-# `make test` builds first, then checks at the same time as the steps that
-# only need the tarball (the zero set-up test).
+# `make test` builds first, then runs `install` and `check` at the same
+# time as each other and the other steps that only need the tarball.
 #
 # 1. NAMESPACE and man/ must be what roxygen2 generates from R/.
 # 2. R CMD build of a copy of the sources without .git, .venv, .r-lib and
@@ -42,8 +43,8 @@ export _R_CHECK_SYSTEM_CLOCK_=false
 out="${R_CHECK_DIR:-$root/out/r-check}"
 part="${1:-all}"
 case "$part" in
-  all|build|check) ;;
-  *) echo "r-check: unknown part '$part' (build, check, or none for both)" >&2; exit 2 ;;
+  all|build|install|check) ;;
+  *) echo "r-check: unknown part '$part' (build, install, check, or none for all)" >&2; exit 2 ;;
 esac
 
 if [ ! -x "$RETICULATE_PYTHON" ]; then
@@ -59,7 +60,7 @@ copy_sources() {
     -cf - . | tar -xf - -C "$1"
 }
 
-if [ "$part" != check ]; then
+if [ "$part" = all ] || [ "$part" = build ]; then
   rm -rf "$out"
   mkdir -p "$out"
   echo "== roxygen2: NAMESPACE and man/ are up to date"
@@ -85,10 +86,12 @@ if [ -z "$tarball" ]; then
   echo "r-check: no tarball in $out (run 'bash .ci/r-check.sh build' first)" >&2
   exit 1
 fi
+if [ "$part" != check ]; then
+  echo "== the tarball installed as a user does: install_multigpu(), then training"
+  bash "$root/.ci/r-install-test.sh" "$tarball"
+fi
+[ "$part" = install ] && exit 0
 rm -rf "$out/multigpu.Rcheck"
-
-echo "== the tarball installed as a user does: install_multigpu(), then training"
-bash "$root/.ci/r-install-test.sh" "$tarball"
 
 check_options=(--no-manual --ignore-vignettes --no-examples)
 if [ "${R_CHECK_EXAMPLES:-0}" = 1 ]; then check_options=(--no-manual --ignore-vignettes); fi

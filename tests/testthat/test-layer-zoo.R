@@ -1,6 +1,8 @@
 # Layers with behaviour of their own, built with keras3 as R users build
 # them, through multi_gpu_model() against the same model trained on one
 # device (tests/python/engines/test_layer_zoo.py runs every layer family in depth).
+# On 2 devices: batches of 10 rows split 5/5, the last 3 rows 2/1; each
+# more device is another replica to trace, and Python covers the empty share.
 
 zoo_features <- function(rows, seed = 3) {
   set.seed(seed)
@@ -20,7 +22,7 @@ zoo_twins <- function(build) {
 
 zoo_trains_as_on_one_device <- function(build, x, y, engine) {
   twins <- zoo_twins(build)
-  parallel <- multi_gpu_model(twins[[1]], gpus = 4, engine = engine)
+  parallel <- multi_gpu_model(twins[[1]], gpus = 2, engine = engine)
   expect_equal(predict(parallel, x, batch_size = 10, verbose = 0),
                predict(twins[[2]], x, batch_size = 10, verbose = 0),
                tolerance = 1e-5)
@@ -73,10 +75,10 @@ test_that("a layer calling add_loss() trains as on one device", {
   zoo_trains_as_on_one_device(build, x, zoo_targets(x), "replicate")
   # The mirrored engine traces each replica in a thread of its own, where
   # R code cannot run: refused, and engine = "auto" keeps the replicate one.
-  expect_error(multi_gpu_model(build(), gpus = 4, engine = "mirrored"),
+  expect_error(multi_gpu_model(build(), gpus = 2, engine = "mirrored"),
                "\"row_penalty[_0-9]*\" \\(RowPenalty\\) runs R code",
                class = "multigpu_value_error")
-  expect_equal(multi_gpu_model(build(), gpus = 4)$engine, "replicate")
+  expect_equal(multi_gpu_model(build(), gpus = 2)$engine, "replicate")
 })
 
 test_that("a variational autoencoder whose sampling layer adds its KL term trains", {
@@ -109,7 +111,7 @@ test_that("a variational autoencoder whose sampling layer adds its KL term train
     outputs <- z |> keras3::layer_dense(8, activation = "relu") |>
       keras3::layer_dense(6)
     vae <- keras3::keras_model(inputs, outputs)
-    parallel <- multi_gpu_model(vae, gpus = 4, engine = engine)
+    parallel <- multi_gpu_model(vae, gpus = 2, engine = engine)
     parallel |> compile(optimizer = keras3::optimizer_adam(0.01), loss = "mse")
     history <- parallel |> fit(x, x, batch_size = 10, epochs = 6, verbose = 0)
     loss <- history$metrics$loss
@@ -131,7 +133,7 @@ test_that("layer_lstm(dropout = 0.2) trains on both engines", {
       keras3::layer_dense(3, activation = "softmax")
     template <- keras3::keras_model(inputs, outputs)
     before <- keras3::get_weights(template)
-    parallel <- multi_gpu_model(template, gpus = 4, engine = engine)
+    parallel <- multi_gpu_model(template, gpus = 2, engine = engine)
     parallel |> compile(optimizer = keras3::optimizer_sgd(0.05),
                         loss = "sparse_categorical_crossentropy")
     history <- parallel |> fit(tokens, labels, batch_size = 10, epochs = 2,

@@ -30,7 +30,7 @@ test_that("keras3's application_*() models give the template's predictions", {
   mobilenet <- keras3::application_mobilenet_v3_small(
     input_shape = c(32, 32, 3), weights = NULL, classes = 3,
     minimalistic = TRUE)
-  parallel <- multi_gpu_model(mobilenet, gpus = 4)
+  parallel <- multi_gpu_model(mobilenet, gpus = 2)
   expect_equal(predict(parallel, images, verbose = 0),
                predict(mobilenet, images, verbose = 0), tolerance = 1e-5)
 })
@@ -47,7 +47,7 @@ test_that("a compiled application trains with no second compile(), on the mirror
   }
   images <- array(rnorm(6 * 32 * 32 * 3), c(6, 32, 32, 3))
   targets <- matrix(rnorm(6 * 512), 6, 512)
-  parallel <- multi_gpu_model(vgg, gpus = 4, engine = "mirrored")
+  parallel <- multi_gpu_model(vgg, gpus = 2, engine = "mirrored")
   parallel |> fit(images, targets, batch_size = 6, epochs = 1, verbose = 0,
                   shuffle = FALSE)
   reference |> fit(images, targets, batch_size = 6, epochs = 1, verbose = 0,
@@ -62,7 +62,7 @@ test_that("a KerasHub task trains as it comes, and compile() takes its defaults"
   for (engine in c("replicate", "mirrored")) {
     task <- tiny_gpt2()
     reference <- tiny_gpt2()
-    parallel <- multi_gpu_model(task, gpus = 4, engine = engine)
+    parallel <- multi_gpu_model(task, gpus = 2, engine = engine)
     # KerasHub compiled the task when building it: fit() needs no compile().
     parallel |> fit(data$x, data$y, batch_size = 6, epochs = 1, verbose = 0,
                     shuffle = FALSE)
