@@ -161,7 +161,7 @@ test-r-check: setup $(R_TARBALL)
 r-tarball: $(R_TARBALL)
 
 $(R_TARBALL): DESCRIPTION NAMESPACE pyproject.toml $(shell find R man vignettes \
-	  tests/testthat tests/testthat.R tests/scenarios inst python/multigpu \
+	  tests/testthat tests/testthat.R tests/scenarios tests/shared inst python/multigpu \
 	  -type f -not -path '*/__pycache__/*') | setup-r
 	$(START)
 	bash .ci/r-check.sh build

@@ -5,6 +5,8 @@ import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Helpers the R tests use too (R CMD check ships tests/, not tests/python).
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "shared"))
 
 import multigpu
 

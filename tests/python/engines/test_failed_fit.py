@@ -9,12 +9,14 @@ the error leaves `fit`.
 """
 
 import gc
+import sys
 import time
 import weakref
 
 import keras
 import numpy as np
 import pytest
+from process_idle import IdleTime
 
 import multigpu
 from conftest import DEVICES
@@ -26,12 +28,19 @@ pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
 ERRORS = {"nan": NonFiniteInputError, "callback": RuntimeError,
           "interrupt": KeyboardInterrupt}
-# A bound on a hang, not a speed target: a collection takes well under a
-# second, a stalled iterator 4 to 60 s. A mirrored fit alone takes 1 to 4 s
-# on a shared 2-core machine and twice that when the other test worker is
-# busy, so the fit after a failure is bounded by twice the slowest fit
-# before any failure, measured beside it, plus this. The exact check is
-# the test above: the iterators are gone before the error is raised.
+# Bounds on a stall, not speed targets. Freeing an aged iterator leaves
+# the whole process asleep, waiting on its autotuning thread's timer, whose
+# period grows with the iterator's age (docs/tf-data-stall.md): 0.2 to
+# 1.5 s here for iterators left to the collector, up to 60 s in CI's logs.
+# The bounds are on that sleep (`IdleTime`), not on wall time, which a busy
+# machine stretches too (beside the other test worker, a fit of 0.6 s once
+# took 5.5 s). A collection sleeps under 0.05 s: STALL. A fit frees its
+# own iterator at its epoch's end, which TensorFlow's race can stall for
+# up to the timer's period, under twice the iterator's age (a fit of 2.1 s
+# busy slept 4.6 s beside two busy processes): HANG plus twice the fit's
+# busy time. The exact check is the test above: the iterators are gone
+# before the error is raised.
+STALL = 0.5
 HANG = 2.0
 
 
@@ -104,35 +113,34 @@ def test_a_failed_fit_frees_its_tf_data_iterator_before_it_raises(
     assert error.__traceback__ is not None
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="IdleTime reads each thread's state from Linux's /proc")
 def test_after_three_failed_fits_collecting_and_fitting_again_do_not_hang(rng):
     parallel = _model("mirrored")
     x, y = _data(rng)
     parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    before = []
-    for _ in range(2):
-        start = time.perf_counter()
-        parallel.fit(x, y, batch_size=8, epochs=1, verbose=0)
-        before.append(time.perf_counter() - start)
     took = {}
     for how in ("nan", "callback", "interrupt"):
         error = _failed_fit(parallel, how, x, y)
         # The iterator ages while the session shows the error.
         time.sleep(1)
         del error
-        start = time.perf_counter()
-        gc.collect()
-        collected = time.perf_counter() - start
+        with IdleTime() as collecting:
+            gc.collect()
         reference = copy_of(parallel.template)
         reference.compile(optimizer="sgd", loss="mse")
-        start = time.perf_counter()
-        history = parallel.fit(x, y, batch_size=8, epochs=1, shuffle=False,
-                               verbose=0)
-        took[how] = (collected, time.perf_counter() - start)
+        with IdleTime() as fitting:
+            history = parallel.fit(x, y, batch_size=8, epochs=1,
+                                   shuffle=False, verbose=0)
+        took[how] = {"collect": (collecting.idle, collecting.wall),
+                     "fit": (fitting.idle, fitting.wall)}
         # What it trained is what the template trains alone on one device.
         want = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False,
                              verbose=0)
         np.testing.assert_allclose(history.history["loss"],
                                    want.history["loss"], rtol=1e-5)
         assert max_weight_difference(parallel.template, reference) < 1e-5
-    assert all(c < HANG and f < 2 * max(before) + HANG
-               for c, f in took.values()), (took, before)
+    # (idle, wall) seconds of each collection and fit.
+    assert all(step["collect"][0] < STALL for step in took.values()), took
+    assert all(idle < HANG + 2 * (wall - idle)
+               for idle, wall in (step["fit"] for step in took.values())), took
