@@ -97,27 +97,15 @@ rm -rf "$out/multigpu.Rcheck"
 
 check_options=(--no-manual --ignore-vignettes --no-examples)
 if [ "${R_CHECK_EXAMPLES:-0}" = 1 ]; then check_options=(--no-manual --ignore-vignettes); fi
-# The CPU seconds used so far by the live processes under process $1.
-tree_cpu() {
+# "<pid> <CPU seconds>" of each live process under process $1 (itself
+# included).
+tree_processes() {
   ps -e -o pid=,ppid=,cputimes= | awk -v root="$1" '
     { parent[$1] = $2; cpu[$1] = $3 }
     END {
-      for (pid in parent) {
-        for (p = pid; p != "" && p != 0 && p != 1; p = parent[p])
-          if (p == root) { total += cpu[pid]; break }
-      }
-      print total + 0
-    }'
-}
-
-# The live processes under process $1 (their ids).
-tree_pids() {
-  ps -e -o pid=,ppid= | awk -v root="$1" '
-    { parent[$1] = $2 }
-    END {
       for (pid in parent)
         for (p = pid; p != "" && p > 1; p = parent[p])
-          if (p == root) { print pid; break }
+          if (p == root) { print pid, cpu[pid]; break }
     }'
 }
 
@@ -129,11 +117,11 @@ check_watched() {
   local pid=$! last="" same=0 now
   while kill -0 "$pid" 2>/dev/null; do
     sleep 15
-    now=$(tree_cpu "$pid")
+    now=$(tree_processes "$pid" | awk '{ total += $2 } END { print total + 0 }')
     if [ "$now" = "$last" ]; then same=$((same + 15)); else same=0; last=$now; fi
     if [ "$same" -ge "$STALL_SECONDS" ]; then
       # Listed before any is killed: orphans would leave the tree.
-      tree_pids "$pid" | xargs -r kill -KILL 2>/dev/null || true
+      tree_processes "$pid" | awk '{ print $1 }' | xargs -r kill -KILL 2>/dev/null || true
       wait "$pid" 2>/dev/null || true
       return 124
     fi
