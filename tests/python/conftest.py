@@ -95,6 +95,32 @@ def pytest_collection_modifyitems(items):
     items.sort(key=_start_rank)  # stable: the rest keep their order
 
 
+# A teardown this long is a stall to find (a freed iterator waiting for its
+# threads: docs/tf-data-stall.md), not work: the summary names each one.
+SLOW_TEARDOWN_SECONDS = 10.0
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown" and report.duration > SLOW_TEARDOWN_SECONDS:
+        _slow_teardowns.append((report.nodeid, report.duration))
+
+
+_slow_teardowns = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line on teardowns over SLOW_TEARDOWN_SECONDS (with pytest-xdist,
+    the controller sees every worker's reports)."""
+    if _slow_teardowns:
+        terminalreporter.section(
+            f"teardowns over {SLOW_TEARDOWN_SECONDS:.0f} s", yellow=True)
+        for nodeid, seconds in _slow_teardowns:
+            terminalreporter.write_line(f"{seconds:6.1f} s  {nodeid}")
+    else:
+        terminalreporter.write_line(
+            f"no teardown took over {SLOW_TEARDOWN_SECONDS:.0f} s")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(7)
