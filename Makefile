@@ -101,7 +101,7 @@ $(R_STAMP):
 # suite and the R check, the two longest, run at normal priority; the other
 # steps at nice 10 fill the cores they leave. beside.sh ends with each
 # step's wall and CPU time.
-BESIDE_NICE := nice -n 10 $(MAKE) --no-print-directory
+BESIDE_NICE := nice -n 19 $(MAKE) --no-print-directory
 test: setup lint
 	$(MAKE) --no-print-directory r-tarball
 	bash .ci/beside.sh "$(MAKE) --no-print-directory test-python" \

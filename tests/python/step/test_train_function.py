@@ -8,6 +8,7 @@ assigns `train_function` (nor patches `compute_loss` on a model).
 """
 
 import ast
+import gc
 import pathlib
 
 import keras
@@ -143,6 +144,11 @@ def test_a_plain_model_under_a_strategy_gets_its_keras_function_back(
     with pytest.raises(tf.errors.InvalidArgumentError, match="bad batch"):
         model.fit(_checked(bad, y), epochs=EPOCHS, verbose=0, shuffle=False,
                   callbacks=callbacks)
+    # Keras's own fit leaves its iterator in a reference cycle when it
+    # raises: collected now, while young, it frees at once; left to the
+    # teardown's collection, aged, freeing it can stall for seconds
+    # (docs/tf-data-stall.md).
+    gc.collect()
     assert callbacks[-1].seen == {("monitor",)}
     assert model.train_function is keras_function
     history = model.fit(_checked(x, y), epochs=EPOCHS, verbose=0, shuffle=False,
