@@ -100,7 +100,7 @@ $(R_STAMP):
 # for minutes, so steps run one after another leave cores idle. The Python
 # suite and the R check, the two longest, run at normal priority; the other
 # steps at nice 10 take the cores they leave. (At nice 19 they fell so far
-# behind that they ended two minutes after the suite. nice ranks processes
+# behind that they ended 1.5 to 3 min after the suite. nice ranks processes
 # within one session; what callr or processx starts runs in a session of
 # its own, which Linux's autogroups give an equal share.) beside.sh ends
 # with each step's wall and CPU time.

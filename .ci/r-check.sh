@@ -135,6 +135,10 @@ check_watched() {
 # 2026-11-28, its two test processes waiting for work and the main process
 # for a message neither sent. TESTTHAT_PARALLEL=true brings it back.
 export TESTTHAT_PARALLEL="${TESTTHAT_PARALLEL:-false}"
+# A crash of the embedded Python (a segmentation fault in a failing fit()
+# once, not reproduced) then prints every Python thread's stack before R's
+# own traceback, which shows only R's frames.
+export PYTHONFAULTHANDLER="${PYTHONFAULTHANDLER:-1}"
 echo "== R CMD check ${check_options[*]} (TESTTHAT_PARALLEL=$TESTTHAT_PARALLEL)"
 status=0
 check_watched || status=$?

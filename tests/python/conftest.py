@@ -98,14 +98,12 @@ def pytest_collection_modifyitems(items):
 # A teardown this long is a stall to find (a freed iterator waiting for its
 # threads: docs/tf-data-stall.md), not work: the summary names each one.
 SLOW_TEARDOWN_SECONDS = 10.0
+_slow_teardowns = []
 
 
 def pytest_runtest_logreport(report):
     if report.when == "teardown" and report.duration > SLOW_TEARDOWN_SECONDS:
         _slow_teardowns.append((report.nodeid, report.duration))
-
-
-_slow_teardowns = []
 
 
 def pytest_terminal_summary(terminalreporter):
