@@ -4,7 +4,6 @@ import functools
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -16,6 +15,7 @@ import tensorflow as tf
 import multigpu
 from conftest import DEVICES
 from multigpu import devices as devices_lib
+from support.worker_scripts import fresh_python
 
 CPUS = [f"/device:CPU:{i}" for i in range(4)]
 
@@ -259,7 +259,7 @@ def thread_pools(n, threads, env=None, before=""):
     inherited = {k: v for k, v in os.environ.items()
                  if k != "TF_OVERRIDE_GLOBAL_THREADPOOL"}
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True,
+        fresh_python(script), capture_output=True, text=True,
         timeout=180, env={**inherited, "TF_CPP_MIN_LOG_LEVEL": "2",
                           **(env or {})},
     )
@@ -320,10 +320,8 @@ def test_usable_cores_falls_back_to_cpu_count_without_affinity(monkeypatch):
 
 def _virtual_devices_in_a_fresh_process(code):
     """Runs `code` after `import multigpu` in a new Python; returns stderr."""
-    import subprocess
-    import sys
     result = subprocess.run(
-        [sys.executable, "-W", "always", "-c", "import multigpu\n" + code],
+        fresh_python("import multigpu\n" + code, "-W", "always"),
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )

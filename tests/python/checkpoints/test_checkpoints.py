@@ -16,7 +16,7 @@ import pytest
 import multigpu
 from multigpu import checkpoints
 from support.models import data, mlp
-from support.worker_scripts import WORKERS
+from support.worker_scripts import WORKERS, fresh_python
 
 RESUMABLE = os.path.join(WORKERS, "resumable.py")
 RUN_TIMEOUT = 180
@@ -475,7 +475,7 @@ time.sleep(600)
 def test_a_second_writer_is_refused_until_the_first_is_killed(tmp_path, rng):
     directory = tmp_path / "ckpt"
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(directory)],
+        [*fresh_python(_HOLDER), str(directory)],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         _wait_for(holder, "LOCKED")

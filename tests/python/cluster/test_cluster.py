@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import multigpu
 from multigpu.cluster import resolver as cluster
+from support.worker_scripts import fresh_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -116,7 +117,7 @@ def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
     """)
     env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), os.path.dirname(
         sys.executable), "/usr/bin:/bin"]), PYTHONPATH=os.path.join(ROOT, "python"))
-    result = subprocess.run([sys.executable, "-c", script], env=env,
+    result = subprocess.run(fresh_python(script), env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     # Task 3 is its node's second task: the node's GPUs 2 and 3.

@@ -14,7 +14,7 @@ import tensorflow as tf
 import multigpu
 from multigpu.distribute import strategy as strategy_lib
 from support.models import copy_of, data, max_weight_difference, mlp
-from support.worker_scripts import WORKERS
+from support.worker_scripts import WORKERS, fresh_python
 
 RUN_TIMEOUT = 180
 # What the script's `support.models` import needs on its path.
@@ -128,7 +128,7 @@ def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
         print("ours", fit(multigpu.mirrored_strategy(4)))
         print("ours", fit(multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])))
     """)
-    result = subprocess.run([sys.executable, "-c", script, TESTS],
+    result = subprocess.run(fresh_python(script) + [TESTS],
                             capture_output=True, text=True,
                             timeout=RUN_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]

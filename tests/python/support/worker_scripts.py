@@ -20,6 +20,26 @@ def script(name):
     return os.path.join(WORKERS, name)
 
 
+def fresh_python(code, *options):
+    """The command that runs `code` in a new Python started as the workers are.
+
+    The code runs after `workers/_common.py`: quiet TensorFlow, and the test
+    environment's optional packages hidden (`hide_optional_packages`).
+
+    Args:
+        code: Python source, as for `python -c`.
+        *options: interpreter options before `-c`, such as `"-W", "always"`.
+
+    Returns:
+        The command, for `subprocess.run`.
+
+    Example:
+        >>> subprocess.run(fresh_python("import multigpu"), check=True)
+    """
+    prelude = f"import sys; sys.path.insert(0, {WORKERS!r}); import _common\n"
+    return [sys.executable, *options, "-c", prelude + code]
+
+
 def running(name):
     """Pids of live processes running the worker script `name`."""
     pids = []
