@@ -10,11 +10,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Packages the test environment holds for other steps (scikit-learn for the
 # demo and the benchmarks, JAX for the JAX engine, pandas for keras3 in R),
 # which the workers never use. TensorFlow and Keras import each of them
-# whenever it is installed: 2.1 of a worker's 5.6 CPU-seconds before any
-# work, and the suite starts about 40 workers. Marked missing here, before
-# TensorFlow, each worker starts as in an environment with the core's
-# dependencies only (`pip install "multigpu[cpu]"`). A test process that
-# imports this module has Keras loaded already and is left as it is.
+# whenever it is installed: `import multigpu` takes 5.6 CPU-seconds with
+# them and 3.5 without, and the suite starts about 55 such processes.
+# Marked missing here, before TensorFlow, each worker starts as in an
+# environment with the core's dependencies only (`pip install
+# "multigpu[cpu]"`). A test process that imports this module has Keras
+# loaded already and is left as it is.
 OPTIONAL_PACKAGES = ("jax", "pandas", "scipy", "sklearn")
 
 
