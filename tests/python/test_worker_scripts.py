@@ -8,9 +8,8 @@ process that has Keras loaded as it is.
 import importlib
 import json
 import subprocess
-import sys
 
-from support.worker_scripts import WORKERS, fresh_python
+from support.worker_scripts import common_module, fresh_python
 
 
 def test_a_fresh_process_trains_without_the_optional_packages():
@@ -32,10 +31,5 @@ def test_a_fresh_process_trains_without_the_optional_packages():
 
 
 def test_a_process_with_keras_loaded_keeps_its_packages():
-    sys.path.insert(0, WORKERS)
-    try:
-        import _common
-    finally:
-        sys.path.remove(WORKERS)
-    assert _common.hide_optional_packages() == ()
+    assert common_module().hide_optional_packages() == ()
     assert importlib.import_module("sklearn").__name__ == "sklearn"

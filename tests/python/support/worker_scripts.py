@@ -53,6 +53,23 @@ def running(name):
     return pids
 
 
+def common_module():
+    """The workers' shared module `workers/_common.py`, imported in this process.
+
+    Here Keras is loaded already, so importing it hides no package
+    (`_common.hide_optional_packages`).
+
+    Returns:
+        The module.
+    """
+    sys.path.insert(0, WORKERS)
+    try:
+        import _common
+    finally:
+        sys.path.remove(WORKERS)
+    return _common
+
+
 def one_process_reference(initial, global_batch, epochs):
     """The workers' model trained by one process on the same global batches
     (the workers' data, `workers/_common.py`), from the weights `initial`.
@@ -60,11 +77,7 @@ def one_process_reference(initial, global_batch, epochs):
     Returns:
         The model and its `History`.
     """
-    sys.path.insert(0, WORKERS)
-    try:
-        import _common
-    finally:
-        sys.path.remove(WORKERS)
+    _common = common_module()
     model = mlp()
     model.set_weights([np.asarray(w, "float32") for w in initial])
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
