@@ -528,6 +528,58 @@ def set_collective_key_base(strategy, base):
     strategy._collective_key_base = base
 
 
+# The optimizer's update, run once in cross-replica context
+# (`multigpu.step.train_step.apply_once`).
+
+
+_INTERIM_LOCK = threading.Lock()
+
+
+def run_cross_replica_merge_calls_inline():
+    """Lets Keras's TensorFlow optimizer update from cross-replica context.
+
+    Keras 3.15's optimizer reaches cross-replica context through
+    `tf.__internal__.distribute.interim.maybe_merge_call`, which on
+    `MirroredStrategy` over CPUs (or without XLA) calls
+    `get_replica_context().merge_call(fn)`. Called in cross-replica context,
+    where there is no replica context, that raises an AttributeError on
+    None. Once this ran, such a call runs `fn(strategy, ...)` itself, which
+    is what the `merge_call` of a replica would have run; calls from a
+    replica are unchanged. Installed once per process (idempotent).
+    """
+    interim = tf.__internal__.distribute.interim
+    with _INTERIM_LOCK:
+        original = interim.maybe_merge_call
+        if getattr(original, "runs_cross_replica_inline", False):
+            return
+
+        def maybe_merge_call(fn, strategy, *args, **kwargs):
+            if tf.distribute.in_cross_replica_context():
+                return fn(strategy, *args, **kwargs)
+            return original(fn, strategy, *args, **kwargs)
+
+        maybe_merge_call.runs_cross_replica_inline = True
+        interim.maybe_merge_call = maybe_merge_call
+
+
+def apply_loss_scaled(optimizer, grads, variables):
+    """A `LossScaleOptimizer`'s update from cross-replica context.
+
+    Keras's `LossScaleOptimizer.apply` on TensorFlow refuses cross-replica
+    context; its backend-neutral update (`_common_apply`: skip the step and
+    halve the scale when a gradient is not finite, else update and count
+    toward doubling it) is the one every other backend runs.
+
+    Args:
+        optimizer: A `keras.optimizers.LossScaleOptimizer`.
+        grads: The gradients of the whole batch (scaled by the loss scale).
+        variables: The variables they are for.
+    """
+    if not optimizer.built:
+        optimizer.build(variables)
+    optimizer._common_apply(grads, variables)
+
+
 # Saving's hook (`multigpu.saving`).
 
 

@@ -93,12 +93,7 @@ def _backend_refusals(tree):
 
 # What is made -> (how it is found, its owners: paths under python/multigpu).
 OWNERS = {
-    "a fresh optimizer": (_fresh_optimizers, {
-        "engines/compiled.py",
-        # `without_accumulation`: the optimizer's class with a changed
-        # config, for a package below engines (`compiled` is above it).
-        "step/accumulation.py",
-    }),
+    "a fresh optimizer": (_fresh_optimizers, {"engines/compiled.py"}),
     "bound arguments of a keras.Model method": (
         _signature_bindings, {"distribute/inputs.py"}),
     "compile arguments of a compiled model": (

@@ -393,7 +393,7 @@ class TemplateBacked:
         record = self._guard()[0] if self.check_finite else None
         return training_step.train_step(
             self, data, record, [layer_name(t) for t in self.inputs],
-            list(self.output_names), internals.untracked(self, "_accumulation"))
+            list(self.output_names))
 
     def make_train_function(self, force=False):
         """Keras's train function, with this model's links.

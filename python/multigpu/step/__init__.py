@@ -1,3 +1,4 @@
 """The training step every engine runs (TensorFlow): the non-finite guard,
-the stateless forward pass, gradient accumulation and graph-scoped gradients.
+the stateless forward pass, the update once on the summed gradient and
+graph-scoped gradients.
 """

@@ -26,9 +26,9 @@ loss and its tracker, the gradients, the update and the metrics, as
   the forward or backward pass (the loss's all-reduce of the row counts, a
   synchronised BatchNormalization's). A collective cut short leaves the
   process's collective executor cancelled for every later step. The
-  mirrored engine's gradient accumulation (`multigpu.step.accumulation`) runs
-  from another cross-replica call, around Keras's `apply`, as Keras's
-  `LossScaleOptimizer` does.
+  update runs once, on the replicas' summed gradient, in another
+  cross-replica call (`apply_once`): Keras's optimizer, with every option
+  it has, sees the whole batch's gradient as on one device.
 
 Example:
 >>> class Engine(keras.Model):
@@ -72,28 +72,8 @@ def _verdict(ok, checked, record, layout, counting):
     return tf.distribute.get_replica_context().merge_call(across, args=(ok,))
 
 
-def _apply(optimizer, grads, variables):
-    # Traced in a cross-replica call's `tf.cond` branch (a graph of its
-    # own): the custom gradients the update registers belong to its ops.
-    with gradients_lib.gradients_owned_by_ops():
-        optimizer.apply(grads, variables)
-    return tf.no_op()
-
-
-def _accumulated(model, grads, variables, accumulation):
-    """The mirrored engine's accumulated update, from a replica (traced)."""
-    optimizer = model.optimizer
-
-    def across(strategy, grads):
-        return accumulation.update(
-            strategy, lambda g: _apply(optimizer, g, variables), grads)
-
-    return tf.distribute.get_replica_context().merge_call(
-        across, args=(grads,))
-
-
 def train_step(model, data, record=None, input_names=(), output_names=(),
-               accumulation=None, weigh_rows=False):
+               weigh_rows=False):
     """One training step of an engine's `model` on its share of `data`.
 
     Args:
@@ -105,8 +85,6 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
             NaN/inf check.
         input_names: The model's input names (see `nonfinite.checked_leaves`).
         output_names: The model's output names.
-        accumulation: Under a strategy (the mirrored engine), the model's
-            `accumulation.Accumulation`, or None.
         weigh_rows: Whether the loss's gradient weighs the replica's rows
             as one device does (`weighted_by_rows`).
 
@@ -122,12 +100,12 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
         x, y, sample_weight, input_names, output_names)
     if not leaves:
         # Unguarded, or nothing to check (integer tokens and labels).
-        return _step(model, x, y, sample_weight, accumulation, weigh_rows)
+        return _step(model, x, y, sample_weight, weigh_rows)
     checked = [t for _, t in leaves]
     # With one step per call, a failed call names its first step: nothing
     # to count.
     counting = (getattr(model, "steps_per_execution", 1) or 1) > 1
-    return _guarded_step(model, x, y, sample_weight, accumulation, checked,
+    return _guarded_step(model, x, y, sample_weight, checked,
                          record, record.layout(leaves), counting, weigh_rows)
 
 
@@ -162,7 +140,7 @@ def weighted_by_rows(loss, rows):
     return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
 
 
-def _guarded_step(model, x, y, sample_weight, accumulation, checked,
+def _guarded_step(model, x, y, sample_weight, checked,
                   record, layout, counting, weigh_rows):
     """Keras's step with its writes waiting for the NaN/inf verdict (traced).
 
@@ -204,16 +182,16 @@ def _guarded_step(model, x, y, sample_weight, accumulation, checked,
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
-        _update(model, grads, variables, accumulation)
+        apply_once(model.optimizer, grads, variables)
         return _track(model, x, y, y_pred, sample_weight, loss)
 
 
-def _step(model, x, y, sample_weight, accumulation, weigh_rows):
+def _step(model, x, y, sample_weight, weigh_rows):
     """Keras's step: forward, loss, gradients, update, metrics (traced)."""
     variables = _trainable(model)
     y_pred, loss, grads = _loss_and_gradients(model, x, y, sample_weight,
                                               variables, weigh_rows)
-    _update(model, grads, variables, accumulation)
+    apply_once(model.optimizer, grads, variables)
     return _track(model, x, y, y_pred, sample_weight, loss)
 
 
@@ -305,12 +283,64 @@ def _zero_when_no_rows(grads, x):
     return [kept(grad) for grad in grads]
 
 
-def _update(model, grads, variables, accumulation):
-    """The optimizer's update, or the mirrored engine's accumulated one."""
-    if accumulation is not None:
-        _accumulated(model, grads, variables, accumulation)
+def apply_once(optimizer, grads, variables):
+    """The optimizer's update with the whole batch's gradient, once (traced).
+
+    Without a strategy (or called in cross-replica context) this is
+    `optimizer.apply`. In a replica of a strategy, Keras's own `apply`
+    would clip each replica's share of the gradient before its all-reduce
+    adds the shares, take one replica's verdict on a loss-scale overflow for
+    all of them, and fail in `ema_overwrite_frequency`'s `tf.cond` (a
+    `merge_call` inside it). Here the replicas' gradients are summed first
+    (one all-reduce; the sum is the whole batch's gradient, as
+    `compute_loss` divides by the replica count and `weighted_by_rows`
+    weighs the rows), and the optimizer runs once on that sum, in
+    cross-replica context (one `merge_call`): clipping, weight decay, the
+    moving average, gradient accumulation and the loss scale's decision
+    are those of one device, and every copy of a mirrored variable takes
+    the same update.
+
+    Args:
+        optimizer: A Keras optimizer (a `LossScaleOptimizer` included).
+        grads: This replica's gradients (None for a variable without one).
+        variables: The trainable variables they are for.
+
+    Example:
+    >>> apply_once(model.optimizer, grads, model.trainable_variables)
+    """
+    if not tf.distribute.has_strategy() or (
+            tf.distribute.in_cross_replica_context()):
+        _apply_whole(optimizer, grads, variables)
+        return
+    context = tf.distribute.get_replica_context()
+    present = [i for i, g in enumerate(grads) if g is not None]
+    summed = (context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [grads[i] for i in present])
+              if present else [])
+
+    def across(strategy, summed):
+        whole = [None] * len(grads)
+        for i, grad in zip(present, summed):
+            # Every replica holds the same sum.
+            whole[i] = strategy.experimental_local_results(grad)[0]
+        # Traced in the replicas' graph: the custom gradients the update
+        # registers belong to its ops.
+        with gradients_lib.gradients_owned_by_ops():
+            _apply_whole(optimizer, whole, variables)
+
+    context.merge_call(across, args=(summed,))
+
+
+def _apply_whole(optimizer, grads, variables):
+    """`optimizer.apply`, also in cross-replica context (traced)."""
+    if not tf.distribute.in_cross_replica_context():
+        optimizer.apply(grads, variables)
+        return
+    internals.run_cross_replica_merge_calls_inline()
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        internals.apply_loss_scaled(optimizer, grads, variables)
     else:
-        model.optimizer.apply(grads, variables)
+        optimizer.apply(grads, variables)
 
 
 def _track(model, x, y, y_pred, sample_weight, loss):

@@ -43,7 +43,6 @@ from multigpu.engines.template import (
 from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
 from multigpu.messages import literal, setting
-from multigpu.step import accumulation as accumulation_lib
 from multigpu.step import train_step as training_step
 
 
@@ -287,13 +286,8 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
         optimizer = args[0] if args else kwargs.pop("optimizer", "rmsprop")
         args = args[1:]
         _check_one_step_per_execution(kwargs.get("steps_per_execution", 1))
-        steps = accumulation_lib.accumulation_steps(optimizer)
-        configured = optimizer
         with self.strategy.scope():
             optimizer = self._optimizer_in_scope(optimizer)
-            if steps:
-                # Accumulated by the training step (`multigpu.step.accumulation`).
-                optimizer = accumulation_lib.without_accumulation(optimizer)
             arguments = bound_arguments("compile", self,
                                         (optimizer, *args), kwargs)
             for key in ("metrics", "weighted_metrics"):
@@ -301,16 +295,11 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
                     _metric_in_scope, arguments.get(key))
             arguments["jit_compile"] = False
             keras.Model.compile(self, **arguments)
-        # The accumulator's variables are not the model's weights.
-        internals.set_untracked(
-            self, "_accumulation", steps and accumulation_lib.Accumulation(
-                steps, self.trainable_variables, self.strategy))
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
-            fresh_optimizer(configured if steps else self.optimizer),
-            args, kwargs))
+            fresh_optimizer(self.optimizer), args, kwargs))
 
     def _copy_optimizer_state(self):
         """Copies the optimizer's (trained) state to the template's."""
