@@ -182,11 +182,14 @@ def template_compile_arguments(template, names, optimizer, args, kwargs):
 
 
 def warn_if_jit_compile(jit_compile, parallelism):
-    """Warns that `jit_compile=True` is ignored: the engines run without XLA.
+    """Warns that `jit_compile` is ignored by a model that runs without XLA.
 
-    XLA compiles the whole step into one cluster on one device, which cannot
-    reach variables on the other devices (TensorFlow's "Trying to access
-    resource ... located in device ..." in `fit`).
+    For the models whose engine compiles no replica with XLA
+    (`model_parallel`'s): XLA would compile the whole step into one cluster
+    on one device, which cannot reach variables on the other devices
+    (TensorFlow's "Trying to access resource ... located in device ..." in
+    `fit`). The data-parallel engines compile each replica's pass instead
+    (`TemplateBacked.resolve_jit_compile`).
 
     Args:
         jit_compile: The `jit_compile` argument of `compile`.
@@ -198,6 +201,18 @@ def warn_if_jit_compile(jit_compile, parallelism):
             f"into one cluster on one device, undoing {parallelism}.",
             UserWarning, stacklevel=3,
         )
+
+
+def layer_without_jit(model):
+    """The first layer of `model` (itself included) that XLA cannot compile.
+
+    Keras's own test (`supports_jit`, which string preprocessing layers
+    such as `TextVectorization` and `StringLookup` set to False), or None.
+    """
+    for layer in [model, *internals.nested_layers(model)]:
+        if not getattr(layer, "supports_jit", True):
+            return layer
+    return None
 
 
 def _has_own_compile(model):
@@ -404,7 +419,7 @@ class TemplateBacked:
         links.
         """
         guard = self._guard()  # its variables exist before the step is traced
-        with chain.keeping_links(self):
+        with chain.keeping_links(self), self._as_without_xla():
             super().make_train_function(force)
         if self.train_function is None:
             return None
@@ -490,8 +505,12 @@ class TemplateBacked:
         weights: saved files then carry the compile configuration and the
         optimizer state that training produced (even when the template had
         been compiled before), and `template.evaluate` works after training
-        this model. `jit_compile` is always False: XLA would compile the step
-        into one cluster on one device.
+        this model. `jit_compile` (True, False or "auto") is resolved by
+        `resolve_jit_compile`: the replicate engine compiles each
+        replica's forward and backward pass with XLA on the replica's
+        device; an engine that cannot (`model_parallel`'s) warns and runs
+        without XLA. Keras's step around the replicas (slicing, loss,
+        update) is never compiled as one cluster.
 
         `compile()` with no arguments, when the template's class has a
         `compile` with defaults of its own (a KerasHub task), compiles with
@@ -500,10 +519,83 @@ class TemplateBacked:
         `evaluate` or `*_on_batch` step (`compile_like_template`).
         """
         strategy_lib.check_own_scope(self, "compile")
-        warn_if_jit_compile(jit_compile, self.parallelism)
+        if not self.compiles_replicas:
+            warn_if_jit_compile(jit_compile, self.parallelism)
         args, kwargs = compile_defaults(self, args, kwargs)
         super().compile(*args, jit_compile=False, **kwargs)
+        if self.compiles_replicas:
+            self.jit_compile = jit_compile
         compile_template_alike(self, args, kwargs)
+
+    # XLA (`jit_compile`). Keras's own `jit_compile` would compile the whole
+    # step, every replica and the update, into one cluster on one device;
+    # the engines that can (`compiles_replicas`) compile each replica's
+    # pass on its device instead, and Keras's functions are made as without
+    # XLA (`_making_functions`).
+
+    compiles_replicas = False
+    _replica_jit = False
+    _making_functions = False
+
+    @property
+    def jit_compile(self):
+        """Whether XLA compiles each replica's forward and backward pass.
+
+        True: each replica's pass and its gradient are one XLA-compiled
+        function on the replica's device (`forward.compiled_on`); the
+        slicing, the loss, the NaN/inf guard and the update around them are
+        not compiled. Set by `compile(jit_compile=...)` or directly, as
+        Keras's: True, False or "auto" (`resolve_jit_compile`).
+        """
+        return False if self._making_functions else self._replica_jit
+
+    @jit_compile.setter
+    def jit_compile(self, value):
+        resolved = self.resolve_jit_compile(value)
+        if resolved != self._replica_jit:
+            # The replicas' passes are traced into the step functions.
+            chain.discard(self)
+            self.test_function = None
+            self.predict_function = None
+        self._replica_jit = resolved
+        self.replicas_compiled(resolved)
+
+    def resolve_jit_compile(self, value):
+        """What `jit_compile=value` runs here: whether XLA compiles replicas.
+
+        Engines whose replicas XLA compiles override it; here (an engine
+        that cannot) True is refused with `warn_if_jit_compile`'s warning.
+
+        Returns:
+            A bool.
+        """
+        if value is True and self.compiles_replicas:
+            return True
+        return False
+
+    def replicas_compiled(self, compiled):
+        """Tells the engine whether XLA compiles each replica's pass."""
+
+    @contextlib.contextmanager
+    def _as_without_xla(self):
+        """A block in which Keras reads `jit_compile` as False.
+
+        Keras's `make_*_function` would wrap its whole step in
+        `tf.function(jit_compile=True)`.
+        """
+        previous, self._making_functions = self._making_functions, True
+        try:
+            yield
+        finally:
+            self._making_functions = previous
+
+    def make_test_function(self, force=False):
+        with self._as_without_xla():
+            return super().make_test_function(force)
+
+    def make_predict_function(self, force=False):
+        with self._as_without_xla():
+            return super().make_predict_function(force)
 
     def save(self, filepath, overwrite=True, **kwargs):
         """Saves `template` (architecture and the shared trained weights).

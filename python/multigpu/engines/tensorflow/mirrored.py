@@ -38,9 +38,13 @@ from multigpu.engines.template import (
     built_like,
     compile_defaults,
     template_compile_arguments,
-    warn_if_jit_compile,
 )
-from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
+from multigpu.engines.tensorflow.forward import (
+    PassLayout,
+    flat_forward,
+    resolve_jit_compile,
+    run_pass,
+)
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
 from multigpu.messages import literal, setting
 from multigpu.step import train_step as training_step
@@ -275,13 +279,15 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
         An optimizer instance made outside the scope is re-created inside it
         from its config (it must not have been used yet). Unlike the other
         engines' models, the template gets an optimizer of its own: this
-        one's variables are mirrored. `jit_compile=True` is ignored with a
-        warning, as by the other engines: XLA would put the step of every
-        replica on one device. `compile()` with no arguments takes the
-        defaults of the template's own `compile` (a KerasHub task's), as
-        `TemplateBacked.compile` does.
+        one's variables are mirrored. `jit_compile=True` compiles each
+        replica's forward and backward pass with XLA on its device
+        (`forward.resolve_jit_compile` says when it cannot, and what
+        "auto" gives); Keras's step around them (the loss, the NaN/inf
+        guard, the all-reduce and the update) is not compiled.
+        `compile()` with no arguments takes the defaults of the template's
+        own `compile` (a KerasHub task's), as `TemplateBacked.compile`
+        does.
         """
-        warn_if_jit_compile(jit_compile, self.parallelism)
         args, kwargs = compile_defaults(self, args, kwargs)
         optimizer = args[0] if args else kwargs.pop("optimizer", "rmsprop")
         args = args[1:]
@@ -295,11 +301,25 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
                     _metric_in_scope, arguments.get(key))
             arguments["jit_compile"] = False
             keras.Model.compile(self, **arguments)
+        self.jit_compile = jit_compile
         # The template is compiled alike, with an optimizer of its own that
         # `save` fills with this one's state: saved files load compiled.
         self.template.compile(**template_compile_arguments(
             self.template, self.output_names,
             fresh_optimizer(self.optimizer), args, kwargs))
+
+    compiles_replicas = True
+
+    def resolve_jit_compile(self, value):
+        """`jit_compile=value` here (`forward.resolve_jit_compile`)."""
+        return resolve_jit_compile(self, value)
+
+    def _compiled_over(self):
+        """The variables of each replica's XLA-compiled pass; None without."""
+        if not self._replica_jit:
+            return None
+        return (list(self.trainable_variables)
+                + list(self.non_trainable_variables))
 
     def _copy_optimizer_state(self):
         """Copies the optimizer's (trained) state to the template's."""
@@ -454,8 +474,8 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
             training is not False)
         forward = flat_forward(functional, inputs, training, layout,
                                hold_empty_writes=not pooled)
-        flat, loss, new_values = layout.split(
-            forward(*keras.tree.flatten(inputs)))
+        flat, loss, new_values = layout.split(run_pass(
+            forward, keras.tree.flatten(inputs), self._compiled_over()))
         layout.commit(new_values)
         if loss is not None:
             # `Layer.add_loss`: a functional model's own raises

@@ -20,6 +20,7 @@ from multigpu.engines.tensorflow.forward import (
     concat_with_logits,
     flat_forward,
     on_device,
+    resolve_jit_compile,
     rows_weighted_loss,
     split_bounds,
 )
@@ -56,6 +57,9 @@ class DataParallelReplicas(TemplateLayer):
         self._output_struct = callable_graph(template).output
         # (devices, guard) used by the next traced call; see `planned`.
         self._plan = None
+        # Whether XLA compiles each replica's pass (`ParallelModel`'s
+        # `jit_compile`); not part of the config, as Keras's is not.
+        self.xla = False
 
     @contextlib.contextmanager
     def planned(self, devices, guard):
@@ -105,11 +109,23 @@ class DataParallelReplicas(TemplateLayer):
                                pad=guard)
         if len(devices) == 1:
             # One device: nothing to slice or concatenate.
-            merged, loss, new_values = layout.split(
-                on_device(devices[0], forward, flat_inputs))
+            merged, loss, new_values = layout.split(on_device(
+                devices[0], forward, flat_inputs, self._compiled_over()))
             layout.commit(new_values)
             return merged, loss
         return self._replicated(forward, layout, devices, flat_inputs)
+
+    def _compiled_over(self):
+        """The variables of each replica's compiled pass; None without XLA.
+
+        With `xla` on, each replica's forward pass and its gradient are
+        one XLA-compiled function on the replica's device
+        (`forward.compiled_on`), which takes these variables' values.
+        """
+        if not self.xla:
+            return None
+        return (list(self.template.trainable_variables)
+                + list(self.template.non_trainable_variables))
 
     def _walked(self, inputs, devices, guard, training):
         """The template walked across replicas, BatchNormalization pooled.
@@ -174,7 +190,7 @@ class DataParallelReplicas(TemplateLayer):
         outputs, losses = [], []
         for device, flat in zip(devices, slices):
             merged, loss, new_values = layout.split(
-                on_device(device, forward, flat))
+                on_device(device, forward, flat, self._compiled_over()))
             layout.commit(new_values)
             outputs.append(merged)
             losses.append(loss)
@@ -225,6 +241,17 @@ class ParallelModel(TemplateWrapper):
     def sync_batchnorm(self):
         """Whether BatchNormalization pools its statistics over all rows."""
         return self.template_layer.sync_batchnorm
+
+    # XLA: each replica's pass compiled on its device (`jit_compile`).
+    compiles_replicas = True
+
+    def resolve_jit_compile(self, value):
+        """`jit_compile=value` here (`forward.resolve_jit_compile`)."""
+        return resolve_jit_compile(self, value)
+
+    def replicas_compiled(self, compiled):
+        """Tells the replicas layer whether XLA compiles each replica."""
+        self.template_layer.xla = bool(compiled)
 
     def train_step(self, data):
         return self._split_once(super().train_step, data)
