@@ -366,6 +366,59 @@ def test_an_empty_share_runs_padded_and_writes_nothing():
     assert not np.allclose(norm.moving_mean.numpy(), moving_mean)
 
 
+@keras.saving.register_keras_serializable(package="multigpu_tests")
+class InverseNormLoss(keras.layers.Layer):
+    """Adds the mean over the rows of 1 / |x|^2; passes its inputs on.
+
+    Finite on real rows, inf on a row of zeros (and its gradient 0/0): the
+    row of zeros an empty share is padded with must not reach the loss.
+    """
+
+    def call(self, x):
+        self.add_loss(0.01 * keras.ops.mean(
+            1.0 / keras.ops.sum(keras.ops.square(x), axis=-1)))
+        return x
+
+
+def inverse_norm_loss():
+    inputs = keras.Input((8,), name="features")
+    # Zero bias: the padded row of zeros stays zeros up to the loss.
+    h = InverseNormLoss(name="inverse_norm")(
+        keras.layers.Dense(6, name="hidden")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3, name="scores")(h),
+                       name="inverse_norm_loss")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_empty_shares_padded_row_stays_out_of_the_loss(rng, engine):
+    # 1 row on 2 devices: one replica runs on the padded row of zeros, where
+    # the layer's loss is inf; its loss must weigh nothing (0 * inf would
+    # be NaN). The replicate engine's own steps send a batch smaller than
+    # the devices to one device, so there the parallel model is a layer of
+    # an outer model, whose step calls it unplanned on both devices.
+    template = inverse_norm_loss()
+    reference = _compiled(copy_of(template))
+    parallel = multigpu.multi_gpu_model(template, gpus=DEVICES, engine=engine)
+    if engine == "replicate":
+        inputs = keras.Input((8,), name="features")
+        parallel = keras.Model(inputs, parallel(inputs))
+    _compiled(parallel)
+    x, y = data(rng, 1)
+    want = _fit(reference, x, y, batch_size=1, epochs=1)
+    got = _fit(parallel, x, y, batch_size=1, epochs=1)
+    assert np.all(np.isfinite(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    finite = all(np.all(np.isfinite(w)) for w in template.get_weights())
+    if engine == "replicate" and not finite:
+        # The padded row's loss is zeroed by a `tf.where`
+        # (`padded_on_empty_share`), whose gradient is 0 * inf = NaN for
+        # the weights before the loss; the mirrored engine's is finite.
+        pytest.xfail("known bug: NaN gradient from an empty share's padded "
+                     "row (replicate engine, parallel model as a layer)")
+    assert finite
+    assert max_weight_difference(template, reference) < 1e-5
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_batchnorm_on_fewer_rows_than_devices_stays_finite(rng, engine):
     # Training-mode BatchNormalization on a share of zero rows took NaN
