@@ -3,32 +3,63 @@
 A Keras model's class may override the steps `fit`, `evaluate` and
 `predict` run, or the loss and metrics those steps compute (keras.io,
 "Customizing what happens in fit()"): GANs, VAEs and custom losses are
-written so. The engines train a model of their own around the template
-(`ParallelModel`, `MirroredModel`, `PartitionedModel`), whose steps are
-Keras's standard ones spread over devices; they cannot run the template's
-class's methods in their place, so they refuse such a model, naming the
-methods, rather than train it with other mathematics and no word. Keras's
-own `fit` under a `tf.distribute.MirroredStrategy` scope runs the model's
-steps on every replica.
+written so. On JAX, Keras's trainer takes the loss and its gradient from
+hooks of its own (`compute_loss_and_updates`, `stateless_compute_loss`),
+which a model may override too. The engines train a model of their own
+around the template (`ParallelModel`, `MirroredModel`, `PartitionedModel`,
+`ShardedModel`), whose steps are Keras's standard ones spread over
+devices; they cannot run the template's class's methods in their place, so
+they refuse such a model, naming the methods, rather than train it with
+other mathematics and no word. Keras's own `fit` under a
+`tf.distribute.MirroredStrategy` scope (on JAX, under
+`keras.distribution.DataParallel`) runs the model's steps on every
+replica.
 """
 
 import keras
 
 from multigpu.messages import api, current_language, literal
 
-# The methods of `keras.Model` that decide what a step computes.
+# The methods of `keras.Model` that decide what a step computes, on every
+# backend.
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss",
                 "compute_metrics")
 
+# The hooks only one backend's trainer calls, by backend: Keras's JAX
+# trainer's `train_step` and `test_step` take the loss (scaled for a
+# LossScaleOptimizer) from `compute_loss_and_updates`, which takes it from
+# `stateless_compute_loss`. `keras.Model` has `stateless_compute_loss` on
+# every backend, but only the JAX trainer calls it: overriding it on
+# TensorFlow changes no step, the template's on one device included.
+BACKEND_STEP_METHODS = {
+    "jax": ("compute_loss_and_updates", "stateless_compute_loss"),
+}
+
+
+def step_methods():
+    """The methods a model may override to change what a step computes.
+
+    Returns:
+        `STEP_METHODS`, then the hooks of `BACKEND_STEP_METHODS` for the
+        backend Keras runs on that `keras.Model` has there.
+
+    Example:
+    >>> step_methods()[-2:]   # on the JAX backend
+    ('compute_loss_and_updates', 'stateless_compute_loss')
+    """
+    own = BACKEND_STEP_METHODS.get(keras.backend.backend(), ())
+    return STEP_METHODS + tuple(name for name in own
+                                if hasattr(keras.Model, name))
+
 
 def overridden_steps(model):
-    """The methods of `STEP_METHODS` that `model`'s class defines anew.
+    """The methods of `step_methods()` that `model`'s class defines anew.
 
     Args:
         model: A Keras model.
 
     Returns:
-        A list of method names, in `STEP_METHODS` order; empty for a
+        A list of method names, in `step_methods()` order; empty for a
         Sequential, functional or KerasHub model.
 
     Example:
@@ -38,7 +69,7 @@ def overridden_steps(model):
     ['train_step']
     """
     cls = type(model)
-    return [name for name in STEP_METHODS
+    return [name for name in step_methods()
             if getattr(cls, name, None) is not getattr(keras.Model, name)]
 
 
@@ -51,6 +82,21 @@ def _strategy_scope():
             "fit()")
 
 
+def _advice():
+    """What runs a model's own steps on every device, on this backend."""
+    if keras.backend.backend() == "jax":
+        prefix = "keras$distribution$" if current_language() == "r" else (
+            "keras.distribution.")
+        call = f"`{prefix}set_distribution({prefix}DataParallel())`"
+        return (f"Set Keras's distribution before building the model "
+                f"instead ({call}) and train it with its own fit(): Keras "
+                "then runs the model's own steps on every device (each "
+                "batch's rows must divide evenly between the devices).")
+    return ("Build and compile the model in a mirrored strategy's scope "
+            f"instead ({_strategy_scope()}): Keras then runs the model's "
+            "own steps on every device.")
+
+
 def check_standard_steps(model, call):
     """Refuses a model whose class overrides a step method.
 
@@ -59,7 +105,8 @@ def check_standard_steps(model, call):
         call: The function refusing it, e.g. `"multi_gpu_model"`.
 
     Raises:
-        ValueError: naming the overridden methods and what runs them.
+        ValueError: naming the overridden methods, what runs them and, for
+            the backend Keras runs on, what would.
 
     Example:
     >>> check_standard_steps(model, "multi_gpu_model")
@@ -72,7 +119,5 @@ def check_standard_steps(model, call):
         f"Invalid `model`: {literal(model.name)} is a "
         f"{type(model).__name__}, whose class defines its own {names}. "
         f"{api(call)} runs Keras's standard steps on the devices and would "
-        "train the model without them. Build and compile the model in a "
-        f"mirrored strategy's scope instead ({_strategy_scope()}): Keras "
-        "then runs the model's own steps on every device."
+        f"train the model without them. {_advice()}"
     )

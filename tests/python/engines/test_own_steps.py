@@ -34,6 +34,16 @@ class CustomLoss(keras.Model):
         return keras.ops.mean(keras.ops.abs(y_pred - y))
 
 
+class CustomPredict(keras.Model):
+    def predict_step(self, data):
+        return super().predict_step(data) * 2.0
+
+
+class CustomMetrics(keras.Model):
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        return {"own": keras.ops.mean(y_pred)}
+
+
 def _functional(cls):
     inputs = keras.Input((4,), name="features")
     outputs = keras.layers.Dense(2, name="scores")(inputs)
@@ -61,8 +71,11 @@ def _subclassed():
     (lambda: _functional(CustomStep), ["train_step"]),
     (lambda: _functional(CustomTest), ["test_step"]),
     (lambda: _functional(CustomLoss), ["compute_loss"]),
+    (lambda: _functional(CustomPredict), ["predict_step"]),
+    (lambda: _functional(CustomMetrics), ["compute_metrics"]),
     (_subclassed, ["test_step"]),
-], ids=["train_step", "test_step", "compute_loss", "subclassed"])
+], ids=["train_step", "test_step", "compute_loss", "predict_step",
+        "compute_metrics", "subclassed"])
 @pytest.mark.parametrize("engine", ["auto", "replicate", "mirrored"])
 def test_every_engine_refuses_a_model_with_its_own_step(model, methods,
                                                           engine):
@@ -74,6 +87,22 @@ def test_every_engine_refuses_a_model_with_its_own_step(model, methods,
     assert "Invalid `model`" in message
     assert f"`{methods[0]}`" in message
     assert "multigpu.mirrored_strategy().scope()" in message
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="TensorFlow's trainer calls no JAX hook")
+def test_jax_hooks_count_only_on_jax():
+    """TensorFlow's trainer calls neither hook, on one device or many."""
+
+    class JaxHooks(keras.Model):
+        def compute_loss_and_updates(self, *args, **kwargs):
+            raise AssertionError("never called on TensorFlow")
+
+        def stateless_compute_loss(self, *args, **kwargs):
+            raise AssertionError("never called on TensorFlow")
+
+    assert own_steps.step_methods() == own_steps.STEP_METHODS
+    assert own_steps.overridden_steps(_functional(JaxHooks)) == []
 
 
 def test_model_parallel_refuses_a_model_with_its_own_step():
