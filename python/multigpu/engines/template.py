@@ -406,9 +406,11 @@ class TemplateBacked:
         (`ParallelModel`) call it on the whole batch inside theirs.
         """
         record = self._guard()[0] if self.check_finite else None
+        # Under a strategy (the mirrored engine) the replicas' rows weigh
+        # as one device's; elsewhere `weigh_rows` changes nothing.
         return training_step.train_step(
             self, data, record, [layer_name(t) for t in self.inputs],
-            list(self.output_names))
+            list(self.output_names), weigh_rows=True)
 
     def make_train_function(self, force=False):
         """Keras's train function, with this model's links.
@@ -419,6 +421,7 @@ class TemplateBacked:
         links.
         """
         guard = self._guard()  # its variables exist before the step is traced
+        self._build_optimizer()
         with chain.keeping_links(self), self._as_without_xla():
             super().make_train_function(force)
         if self.train_function is None:
@@ -429,6 +432,23 @@ class TemplateBacked:
         else:
             chain.unlink(self, "guard")
         return self.train_function
+
+    def _build_optimizer(self):
+        """Builds the optimizer's variables now, before the step is traced.
+
+        Without a strategy Keras builds an unbuilt optimizer while tracing
+        the first step. The replicate engine's step holds a `tf.cond` (a
+        batch with fewer rows than devices runs on one device), and slots
+        made in one branch's trace fail in the other's ("Incompatible
+        shapes: [5,6] vs. [0]" from Adam); an optimizer whose `build`
+        computes (`ScheduleFreeAdamW` copies the weights) would also run
+        that computation in every step. Under a strategy Keras builds it
+        before the step, as here.
+        """
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and not optimizer.built:
+            with self.distribute_strategy.scope():
+                optimizer.build(self.trainable_variables)
 
     def _guard(self):
         """This model's `(nonfinite.Record, nonfinite.Position)`, made once."""

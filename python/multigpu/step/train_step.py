@@ -85,8 +85,8 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
             NaN/inf check.
         input_names: The model's input names (see `nonfinite.checked_leaves`).
         output_names: The model's output names.
-        weigh_rows: Whether the loss's gradient weighs the replica's rows
-            as one device does (`weighted_by_rows`).
+        weigh_rows: Whether the gradient weighs the replicas' rows as one
+            device does (`summed_over_rows`), under a strategy.
 
     Returns:
         The logs, as `keras.Model.train_step` returns them.
@@ -109,16 +109,19 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
                          record, record.layout(leaves), counting, weigh_rows)
 
 
-def weighted_by_rows(loss, rows):
-    """A replica's loss whose gradient weighs the replica's rows as one device.
+def summed_over_rows(loss, rows):
+    """A replica's loss whose gradient is the sum over the replica's rows.
 
-    Under a strategy every replica averages the loss over its own rows and
-    the replicas' gradients are summed (Keras divides each loss by the
-    number of replicas), which weights the rows of a smaller share more: a
+    Under a strategy every replica averages the loss over its own rows
+    (and Keras divides it by the number of replicas), so summing the
+    replicas' gradients would weigh the rows of a smaller share more: a
     batch of 10 on 4 replicas splits 3/3/2/2. The gradient of replica r is
-    rescaled by `rows_r * replicas / rows_total`, making the summed gradient
-    that of the mean over all rows; the loss value (and so the reported
-    loss) is unchanged. Costs one all-reduce of a scalar per step.
+    scaled by `rows_r * replicas`, making it the sum of its rows'
+    gradients; `apply_once`, given `rows`, adds the row counts in the same
+    all-reduce as the gradients and divides the sums by the batch's rows:
+    the gradient of the mean over all rows, as on one device, with no
+    collective of its own. The loss value (and so the reported loss) is
+    unchanged.
 
     Args:
         loss: The replica's loss, as Keras's `compute_loss` returns it.
@@ -129,15 +132,23 @@ def weighted_by_rows(loss, rows):
         otherwise a tensor of the same value whose gradient is rescaled.
 
     Example:
-    >>> loss = weighted_by_rows(loss, tf.shape(y_pred)[0])
+    >>> loss = summed_over_rows(loss, rows)
+    >>> ...  # the gradients
+    >>> apply_once(optimizer, grads, variables, rows=rows)
     """
-    context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
+    if not _in_replicas():
         return loss
-    local = tf.cast(rows, loss.dtype)
-    total = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-    factor = local * context.num_replicas_in_sync / tf.maximum(total, 1.0)
+    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+    factor = tf.cast(rows, loss.dtype) * replicas
     return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
+
+
+def _in_replicas():
+    """Whether this is traced in a replica of several."""
+    if not tf.distribute.has_strategy() or (
+            tf.distribute.in_cross_replica_context()):
+        return False
+    return tf.distribute.get_replica_context().num_replicas_in_sync > 1
 
 
 def _guarded_step(model, x, y, sample_weight, checked,
@@ -163,7 +174,7 @@ def _guarded_step(model, x, y, sample_weight, checked,
     variables = _trainable(model)
     scope = stateless.StepScope(variables, model.non_trainable_variables)
     with scope, stateless.casts_of_finite():
-        y_pred, loss, grads = _loss_and_gradients(
+        y_pred, loss, grads, rows = _loss_and_gradients(
             model, x, y, sample_weight, scope.trainable_values, weigh_rows,
             watch=True)
 
@@ -182,16 +193,16 @@ def _guarded_step(model, x, y, sample_weight, checked,
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
-        apply_once(model.optimizer, grads, variables)
+        apply_once(model.optimizer, grads, variables, rows)
         return _track(model, x, y, y_pred, sample_weight, loss)
 
 
 def _step(model, x, y, sample_weight, weigh_rows):
     """Keras's step: forward, loss, gradients, update, metrics (traced)."""
     variables = _trainable(model)
-    y_pred, loss, grads = _loss_and_gradients(model, x, y, sample_weight,
-                                              variables, weigh_rows)
-    apply_once(model.optimizer, grads, variables)
+    y_pred, loss, grads, rows = _loss_and_gradients(
+        model, x, y, sample_weight, variables, weigh_rows)
+    apply_once(model.optimizer, grads, variables, rows)
     return _track(model, x, y, y_pred, sample_weight, loss)
 
 
@@ -213,10 +224,12 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, weigh_rows,
         sources: The trainable variables, or the values standing for them
             in a `stateless.StepScope` (tensors, which the tape must be
             told to watch: `watch=True`).
-        weigh_rows: Whether the loss goes through `weighted_by_rows`.
+        weigh_rows: Whether the loss goes through `summed_over_rows`.
 
     Returns:
-        `(y_pred, loss, grads)`.
+        `(y_pred, loss, grads, rows)`: `rows` is the replica's row count
+        when the gradients are sums over them (`summed_over_rows`), else
+        None.
     """
     with tf.GradientTape() as tape:
         if watch:
@@ -226,13 +239,15 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, weigh_rows,
         y_pred = (model(x, training=True) if _takes_training(model.call)
                   else model(x))
         loss = _compute_loss(model, x, y, y_pred, sample_weight)
-        if weigh_rows and loss is not None:
+        rows = None
+        if weigh_rows and loss is not None and _in_replicas():
             first = keras.tree.flatten(y_pred if y_pred is not None else x)[0]
-            loss = weighted_by_rows(loss, tf.shape(first)[0])
+            rows = tf.shape(first)[0]
+            loss = summed_over_rows(loss, rows)
         scaled = (loss if model.optimizer is None
                   else model.optimizer.scale_loss(loss))
     grads = tape.gradient(scaled, sources) if sources else []
-    return y_pred, loss, _zero_when_no_rows(grads, x)
+    return y_pred, loss, _zero_when_no_rows(grads, x), rows
 
 
 def _takes_training(method):
@@ -283,7 +298,7 @@ def _zero_when_no_rows(grads, x):
     return [kept(grad) for grad in grads]
 
 
-def apply_once(optimizer, grads, variables):
+def apply_once(optimizer, grads, variables, rows=None):
     """The optimizer's update with the whole batch's gradient, once (traced).
 
     Without a strategy (or called in cross-replica context) this is
@@ -291,19 +306,21 @@ def apply_once(optimizer, grads, variables):
     would clip each replica's share of the gradient before its all-reduce
     adds the shares, take one replica's verdict on a loss-scale overflow for
     all of them, and fail in `ema_overwrite_frequency`'s `tf.cond` (a
-    `merge_call` inside it). Here the replicas' gradients are summed first
-    (one all-reduce; the sum is the whole batch's gradient, as
-    `compute_loss` divides by the replica count and `weighted_by_rows`
-    weighs the rows), and the optimizer runs once on that sum, in
-    cross-replica context (one `merge_call`): clipping, weight decay, the
-    moving average, gradient accumulation and the loss scale's decision
-    are those of one device, and every copy of a mirrored variable takes
-    the same update.
+    `merge_call` inside it). Here the replicas' gradients are summed first,
+    in one all-reduce, into the whole batch's gradient (`compute_loss`
+    divides by the replica count; with `rows`, the sums over the rows are
+    divided by the batch's rows, counted in the same all-reduce), and the
+    optimizer runs once on that sum, in cross-replica context (one
+    `merge_call`): clipping, weight decay, the moving average, gradient
+    accumulation and the loss scale's decision are those of one device,
+    and every copy of a mirrored variable takes the same update.
 
     Args:
         optimizer: A Keras optimizer (a `LossScaleOptimizer` included).
         grads: This replica's gradients (None for a variable without one).
         variables: The trainable variables they are for.
+        rows: The replica's row count when `grads` are sums over its rows
+            (`summed_over_rows`), or None.
 
     Example:
     >>> apply_once(model.optimizer, grads, model.trainable_variables)
@@ -314,21 +331,61 @@ def apply_once(optimizer, grads, variables):
         return
     context = tf.distribute.get_replica_context()
     present = [i for i, g in enumerate(grads) if g is not None]
-    summed = (context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                 [grads[i] for i in present])
-              if present else [])
+    reduced = [grads[i] for i in present]
+    if rows is not None:
+        reduced.append(tf.cast(rows, tf.float32))
+    if reduced:
+        reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, reduced)
+    if rows is not None:
+        total = tf.maximum(reduced.pop(), 1.0)
+        reduced = [_divided(grad, total) for grad in reduced]
+    local = _computes_with_whole_gradients(optimizer)
 
     def across(strategy, summed):
         whole = [None] * len(grads)
         for i, grad in zip(present, summed):
-            # Every replica holds the same sum.
-            whole[i] = strategy.experimental_local_results(grad)[0]
+            # Every replica holds the same sum. Math on the gradients in
+            # cross-replica context takes one copy of it, which each
+            # device's update then reads; a mirrored value lets each
+            # device's update read its own copy.
+            whole[i] = (strategy.experimental_local_results(grad)[0]
+                        if local else grad)
         # Traced in the replicas' graph: the custom gradients the update
         # registers belong to its ops.
         with gradients_lib.gradients_owned_by_ops():
             _apply_whole(optimizer, whole, variables)
 
-    context.merge_call(across, args=(summed,))
+    context.merge_call(across, args=(reduced,))
+
+
+def _divided(grad, total):
+    """`grad / total`, for a dense gradient or `tf.IndexedSlices`."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(total, grad.dtype),
+                                grad.indices, grad.dense_shape)
+    return grad / tf.cast(total, grad.dtype)
+
+
+# What makes an optimizer's `apply` compute with the gradients themselves,
+# outside each variable's update.
+_WHOLE_GRADIENT_OPTIONS = ("clipnorm", "clipvalue", "global_clipnorm",
+                           "gradient_accumulation_steps", "loss_scale_factor")
+
+
+def _computes_with_whole_gradients(optimizer):
+    """Whether `optimizer.apply` does math on the gradients before updating.
+
+    Clipping, accumulation, a loss-scale factor and a `LossScaleOptimizer`'s
+    check of the gradients run on the gradients as tensors; so may a
+    wrapper of other optimizers. A plain optimizer only hands each
+    gradient to its variable's update.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer) or isinstance(
+            optimizer, (keras.optimizers.LossScaleOptimizer,
+                        keras.optimizers.MultiOptimizer)):
+        return True
+    return any(getattr(optimizer, name, None)
+               for name in _WHOLE_GRADIENT_OPTIONS)
 
 
 def _apply_whole(optimizer, grads, variables):

@@ -7,7 +7,6 @@ on a batch equals the template's step on one device, also when the batch
 does not split evenly or leaves a replica without rows.
 """
 
-import warnings
 
 import keras
 import numpy as np
@@ -222,31 +221,6 @@ def test_the_mirrored_engine_refuses_several_steps_per_execution():
             r"3; .*Use steps_per_execution=1 \(the default\) or "
             r"engine='replicate'")):
         parallel.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
-
-
-
-def test_jit_compile_on_the_mirrored_engine_warns_and_trains_without_xla(rng):
-    template = keras.Sequential([keras.Input((3,)),
-                                 keras.layers.Dense(4, name="dense_0"),
-                                 keras.layers.Dense(2, name="out")],
-                                name="layers_2")
-    reference = copy_of(template)
-    parallel = multigpu.multi_gpu_model(template, gpus=2, engine="mirrored")
-    with pytest.warns(UserWarning, match=r"^jit_compile=True ignored: XLA "
-                      r"would compile the whole step into one cluster on one "
-                      r"device, undoing data parallelism\.$"):
-        parallel.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    assert parallel.jit_compile is False
-    reference.compile(optimizer="sgd", loss="mse")
-    x, y = data(rng, 8, input_dim=3, outputs=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        # Before: InvalidArgumentError "Trying to access resource ...".
-        got = parallel.fit(x, y, batch_size=4, shuffle=False, verbose=0)
-    want = reference.fit(x, y, batch_size=4, shuffle=False, verbose=0)
-    np.testing.assert_allclose(got.history["loss"], want.history["loss"],
-                               rtol=1e-5)
-    assert max_weight_difference(template, reference) < 1e-5
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

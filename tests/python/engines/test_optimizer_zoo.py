@@ -3,7 +3,8 @@
 Every `keras.optimizers` class and each option of Keras's optimizers
 (`support/optimizer_zoo.py`: clipping three ways, the moving average,
 weight decay, a schedule, gradient accumulation alone and combined, a
-`LossScaleOptimizer`, a `MultiOptimizer`) trains the zoo's model through
+`LossScaleOptimizer`, a `MultiOptimizer`; the engines build the optimizer
+themselves) trains the zoo's model through
 each engine on 2 devices, on an epoch of batches that split evenly,
 unevenly and leave a device without rows, and ends within `TOL` of the
 same model trained by plain Keras on one device, its logged losses too.

@@ -295,13 +295,6 @@ def test_sequential_template_with_single_device_fallback(rng, monkeypatch):
                                template.predict(x, verbose=0), atol=TOLERANCE)
 
 
-def test_jit_compile_is_refused_with_a_warning():
-    parallel = multigpu.multi_gpu_model(mlp(), gpus=2)
-    with pytest.warns(UserWarning, match="jit_compile=True ignored"):
-        parallel.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    assert parallel.jit_compile is False
-
-
 class Subclassed(keras.Model):
     def __init__(self):
         super().__init__()

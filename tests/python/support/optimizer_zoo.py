@@ -1,9 +1,10 @@
 """The optimizer zoo's cases, shared by the TensorFlow and JAX suites.
 
-Every `keras.optimizers` class with its defaults, and each option Keras's
-optimizers take (gradient clipping three ways, the moving average of the
-weights, weight decay, a learning-rate schedule, gradient accumulation, a
-`LossScaleOptimizer`), alone and combined with accumulation. A case is a
+Every `keras.optimizers` class, and each option Keras's optimizers take
+(gradient clipping three ways, the moving average of the weights, weight
+decay, a learning-rate schedule, gradient accumulation, a
+`LossScaleOptimizer`), spread over the classes so that every option is
+held by several of them and met with accumulation. A case is a
 function that makes a new optimizer; `train_alone` and `train_parallel`
 train the same tiny model from the same weights on one device and through
 `multi_gpu_model`, on an epoch whose batches split evenly, unevenly and
@@ -33,60 +34,41 @@ def _multi():
         {"hidden/.*": keras.optimizers.Adam(0.01)}))
 
 
-# name -> a function making a new optimizer.
-CLASSES = {
-    "sgd": lambda: keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
-    "adam": lambda: keras.optimizers.Adam(0.01, amsgrad=True),
-    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05),
-    "adamax": lambda: keras.optimizers.Adamax(0.01),
-    "adagrad": lambda: keras.optimizers.Adagrad(0.05),
-    "adadelta": lambda: keras.optimizers.Adadelta(1.0),
-    "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5,
-                                                centered=True),
-    "nadam": lambda: keras.optimizers.Nadam(0.01),
-    "ftrl": lambda: keras.optimizers.Ftrl(0.05, l1_regularization_strength=0.01,
-                                          l2_regularization_strength=0.01),
-    "lion": lambda: keras.optimizers.Lion(0.005),
-    "lamb": lambda: keras.optimizers.Lamb(0.01),
+# name -> a function making a new optimizer. Every class once, each with
+# options of its own (named after them; AdamW's weight decay too), so that
+# every option meets several classes and gradient accumulation.
+CASES = {
+    "sgd_clipnorm": lambda: keras.optimizers.SGD(
+        0.1, momentum=0.9, nesterov=True, clipnorm=0.05),
+    "adam_global_clipnorm": lambda: keras.optimizers.Adam(
+        0.05, amsgrad=True, global_clipnorm=0.05),
+    "adamw_accumulation": lambda: keras.optimizers.AdamW(
+        0.01, weight_decay=0.1, gradient_accumulation_steps=2),
+    "adamax_clipvalue_weight_decay": lambda: keras.optimizers.Adamax(
+        0.05, clipvalue=0.01, weight_decay=0.05),
+    "adagrad_ema": lambda: keras.optimizers.Adagrad(
+        0.05, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=3),
+    "adadelta_schedule": lambda: keras.optimizers.Adadelta(_decay()),
+    "rmsprop_accumulation_schedule": lambda: keras.optimizers.RMSprop(
+        _decay(), momentum=0.5, centered=True, gradient_accumulation_steps=2),
+    "nadam_accumulation_global_clipnorm": lambda: keras.optimizers.Nadam(
+        0.05, global_clipnorm=0.05, gradient_accumulation_steps=3),
+    "ftrl_accumulation_clipvalue": lambda: keras.optimizers.Ftrl(
+        0.05, l1_regularization_strength=0.01,
+        l2_regularization_strength=0.01, clipvalue=0.01,
+        gradient_accumulation_steps=2),
+    "lion_accumulation_ema": lambda: keras.optimizers.Lion(
+        0.005, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2,
+        gradient_accumulation_steps=2),
+    "lamb_accumulation_clipnorm": lambda: keras.optimizers.Lamb(
+        0.01, clipnorm=0.05, gradient_accumulation_steps=2),
     "adafactor": lambda: keras.optimizers.Adafactor(0.05),
     "muon": lambda: keras.optimizers.Muon(0.01),
     "schedule_free_adamw": lambda: keras.optimizers.ScheduleFreeAdamW(0.01),
-    "loss_scale": lambda: keras.optimizers.LossScaleOptimizer(
-        keras.optimizers.Adam(0.01), initial_scale=2.0**10),
-}
-
-OPTIONS = {
-    "clipnorm": lambda: keras.optimizers.SGD(0.1, momentum=0.9, clipnorm=0.05),
-    "clipvalue": lambda: keras.optimizers.SGD(0.1, clipvalue=0.01),
-    "global_clipnorm": lambda: keras.optimizers.Adam(0.05,
-                                                     global_clipnorm=0.05),
-    "ema": lambda: keras.optimizers.Adam(0.01, use_ema=True,
-                                         ema_momentum=0.5,
-                                         ema_overwrite_frequency=3),
-    "weight_decay": lambda: keras.optimizers.SGD(0.05, weight_decay=0.1),
-    "schedule": lambda: keras.optimizers.SGD(_decay(), momentum=0.5),
-    "accumulation": lambda: keras.optimizers.SGD(
-        0.1, momentum=0.5, gradient_accumulation_steps=2),
-    "accumulation_clipnorm": lambda: keras.optimizers.SGD(
-        0.1, clipnorm=0.05, gradient_accumulation_steps=2),
-    "accumulation_global_clipnorm": lambda: keras.optimizers.Adam(
-        0.05, global_clipnorm=0.05, gradient_accumulation_steps=3),
-    "accumulation_clipvalue": lambda: keras.optimizers.Adam(
-        0.05, clipvalue=0.01, gradient_accumulation_steps=2),
-    "accumulation_ema": lambda: keras.optimizers.Adam(
-        0.01, use_ema=True, ema_momentum=0.5, ema_overwrite_frequency=2,
-        gradient_accumulation_steps=2),
-    "accumulation_weight_decay": lambda: keras.optimizers.AdamW(
-        0.01, weight_decay=0.1, gradient_accumulation_steps=2),
-    "accumulation_schedule": lambda: keras.optimizers.RMSprop(
-        _decay(), gradient_accumulation_steps=2),
     "loss_scale_clipnorm": lambda: keras.optimizers.LossScaleOptimizer(
         keras.optimizers.SGD(0.1, clipnorm=0.05), initial_scale=2.0**8),
     "multi": _multi,
 }
-
-CASES = {**CLASSES, **OPTIONS}
-
 
 def model():
     """The zoo's model: two Dense layers, the same weights every call."""
@@ -120,18 +102,17 @@ class Batches(keras.utils.PyDataset):
         return self._batches[index]
 
 
-def fit(model, make_optimizer):
+def fit(model, make_optimizer, build=False):
     """Compiles `model` with a new optimizer and fits it; the loss history.
 
-    The optimizer is built before `fit`, as Keras builds it under a
-    strategy. Without one, Keras 3.15 on TensorFlow builds it while
-    tracing the first step, and `ScheduleFreeAdamW.build`'s copy of the
-    weights into its momentum then becomes an op of every step (its
-    weights after one step differ by 0.74 from the same model run
-    eagerly); the engines build it outside the step, as eager Keras does.
+    Args:
+        model: The model.
+        make_optimizer: A function of no arguments making the optimizer.
+        build: Build the optimizer before `fit` (the engines build it
+            themselves).
     """
     model.compile(optimizer=make_optimizer(), loss="mse")
-    with model.distribute_strategy.scope():
+    if build:
         model.optimizer.build(model.trainable_variables)
     x, y = data()
     history = model.fit(Batches(x, y), epochs=EPOCHS, shuffle=False, verbose=0)
@@ -141,7 +122,13 @@ def fit(model, make_optimizer):
 def train_alone(name):
     """The zoo's model trained on one device: `(weights, losses)`."""
     reference = model()
-    losses = fit(reference, CASES[name])
+    # Built before `fit`, as Keras builds it under a strategy and the
+    # engines build it. Without one, Keras 3.15 on TensorFlow builds it
+    # while tracing the first step, and `ScheduleFreeAdamW.build`'s copy
+    # of the weights into its momentum becomes an op of every step (its
+    # weights after one step are 0.74 from those of the same model run
+    # eagerly).
+    losses = fit(reference, CASES[name], build=True)
     return reference.get_weights(), losses
 
 

@@ -15,7 +15,8 @@ contract of the replicate engine:
   `load_weights`/`set_weights` set the template and the replicas.
 * Predictions equal the template's, and one step on a batch equals one step
   of the template on that batch, also when the batch does not split evenly
-  between replicas (see `MirroredModel.compute_loss`).
+  between replicas (the training step's `weigh_rows`,
+  `multigpu.step.train_step.summed_over_rows`).
 
 The default engine, `"auto"` (`multigpu.engines.front.DEFAULT_ENGINE`), runs this
 engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench.lockstep`
@@ -25,7 +26,6 @@ measures both on logical CPU devices.
 import contextlib
 
 import keras
-import tensorflow as tf
 
 from multigpu import internals
 from multigpu.distribute import strategy as strategy_lib
@@ -47,7 +47,6 @@ from multigpu.engines.tensorflow.forward import (
 )
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
 from multigpu.messages import literal, setting
-from multigpu.step import train_step as training_step
 
 
 class _CopyBackEachEpoch(keras.callbacks.Callback):
@@ -463,7 +462,11 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
 
         The losses the layers add (`add_loss`, `activity_regularizer`)
         come out of the pass and are the model's own (`add_loss`), once
-        per replica; `compute_loss` weighs them by the replica's rows.
+        per replica; the training step weighs them, with the rest of the
+        loss, by the replica's rows (`train_step.summed_over_rows`): a
+        layer-made loss counts as the row-weighted mean of the replicas'
+        losses, as `forward.rows_weighted_loss` combines them on the
+        replicate engine.
         """
         def functional(args, training):
             return super(MirroredModel, self).call(args, training=training,
@@ -482,29 +485,3 @@ class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model)
             # NotImplementedError (Keras 3.15 keeps it for symbolic losses).
             keras.layers.Layer.add_loss(self, loss)
         return keras.tree.pack_sequence_as(self.output, flat)
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
-        """Keras's loss, with exact gradients for batches split unevenly.
-
-        Under a strategy Keras averages each replica's mean loss, which
-        weights the rows of a smaller sub-batch more (a batch of 10 on 4
-        replicas splits 3/3/2/2). Each replica's gradient is rescaled by its
-        share of the rows (`training_step.weighted_by_rows`), making the
-        summed gradient that of the mean over all rows, as on one device;
-        the loss value (and so the reported loss) is unchanged.
-
-        The model's other losses (`model.losses`: the layers' `add_loss`
-        and activity regularizers, which `call` makes the model's own, and
-        the weight regularizers) are divided by the replica count by Keras
-        too, and weighted by rows with the rest: a layer-made loss thus
-        counts as the row-weighted mean of the replicas' losses (as
-        `forward.rows_weighted_loss` combines them on the replicate
-        engine), exact for a loss that is a mean over the rows or does not
-        depend on them.
-        """
-        loss = super().compute_loss(x, y, y_pred, sample_weight,
-                                    training=training)
-        if not training:
-            return loss
-        return training_step.weighted_by_rows(loss, tf.shape(keras.tree.flatten(y_pred)[0])[0])
