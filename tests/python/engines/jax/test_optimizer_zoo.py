@@ -25,24 +25,10 @@ from support import optimizer_zoo as zoo
 pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
 
 
-def _fit(model, make_optimizer):
-    """What `zoo.fit` does, the optimizer built first as `zoo.train_alone` builds it.
-
-    Written here, not called: `zoo.fit` of commit 651dea6 builds the
-    optimizer in `model.distribute_strategy`'s scope, which models on JAX
-    do not have. On JAX, Keras's `fit` builds the optimizer eagerly before
-    the first step anyway.
-    """
-    model.compile(optimizer=make_optimizer(), loss="mse")
-    model.optimizer.build(model.trainable_variables)
-    x, y = zoo.data()
-    history = model.fit(zoo.Batches(x, y), epochs=zoo.EPOCHS, shuffle=False,
-                        verbose=0)
-    return history.history["loss"]
-
-
 def _trained(model, name):
-    losses = _fit(model, zoo.CASES[name])
+    # The optimizer built before `fit`, as `zoo.train_alone` builds it (on
+    # JAX, Keras's `fit` builds it eagerly before the first step anyway).
+    losses = zoo.fit(model, zoo.CASES[name], build=True)
     return (model.get_weights(), losses,
             [np.asarray(v.value) for v in model.optimizer.variables])
 
