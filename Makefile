@@ -201,7 +201,8 @@ slurm-up:
 # docs/benchmarks.md in a run of its own (the cost studies through one
 # paired runner, bench/paired.py).
 BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
-	sync_batchnorm_cost guard_cost zero_row_padding jax_throughput xla
+	sync_batchnorm_cost guard_cost zero_row_padding jax_throughput xla \
+	mixed_precision
 bench: setup-python
 	$(PY) -m bench.lockstep --output docs/bench
 	set -e; for side in $(BENCH_SIDES); do \
