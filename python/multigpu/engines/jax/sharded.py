@@ -122,6 +122,12 @@ class ShardedModel(TemplateWrapper):
             "the weights", written=setting("check_finite", True),
             otherwise=f"leave {setting('check_finite', False)}")
 
+    # Keras's own attribute, which its JAX trainer reads to `jax.jit` the
+    # whole step (the batch is split inside it), in place of the
+    # TensorFlow engines' per-replica switch (`TemplateBacked.jit_compile`),
+    # which would read False and run the step op by op.
+    jit_compile = True
+
     def compile(self, *args, jit_compile=True, run_eagerly=False, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
 
