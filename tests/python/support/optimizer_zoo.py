@@ -136,3 +136,61 @@ def max_difference(weights, others):
     """The largest absolute difference between two lists of arrays."""
     return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(weights, others))
+
+
+def overflowing_batches():
+    """The zoo's epoch with rows whose float16 gradients overflow.
+
+    The targets of rows 3 and 8 are 3,000 times the others: row 3 is the
+    second device's share of the 4-row batch (2 + 2 rows), row 8 of the
+    5-row batch (3 + 2 rows); the 1-row batch stays finite. Under a loss
+    scale of 2**15 their gradient overflows float16 in the hidden layer's
+    backward pass, while the first device's share stays finite.
+    """
+    x, y = data()
+    y = y.copy()
+    y[[3, 8]] *= 3e3
+    return Batches(x, y)
+
+
+def mixed_model():
+    """The zoo's model for a mixed policy: its output layer in float32."""
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((INPUT_DIM,))
+    hidden = keras.layers.Dense(6, activation="tanh")(inputs)
+    # The output in float32, as Keras's mixed-precision guide advises.
+    outputs = keras.layers.Dense(2, dtype="float32")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def fit_mixed(model):
+    """Fits `model` (made under `mixed_float16`) on `overflowing_batches`.
+
+    Returns:
+        `(weights, losses, loss scale, updates applied)`.
+    """
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+    history = model.fit(overflowing_batches(), epochs=3, shuffle=False,
+                        verbose=0)
+    optimizer = model.optimizer
+    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    return (model.get_weights(), history.history["loss"],
+            float(keras.ops.convert_to_numpy(optimizer.dynamic_scale)),
+            int(keras.ops.convert_to_numpy(
+                optimizer.inner_optimizer.iterations)))
+
+
+def check_same_skipped_steps(alone, parallel):
+    """Asserts that `fit_mixed`'s two results skipped the same steps."""
+    weights, losses, scale, applied = alone
+    ours, our_losses, our_scale, our_applied = parallel
+    # Some of the 9 steps were skipped (the scale came down from 2**15 and
+    # fewer updates were applied) ...
+    assert scale < 2.0**15 and 0 < applied < 3 * len(BATCHES)
+    # ... the same ones: the same scale and count of updates, and weights
+    # that stayed finite.
+    assert (our_scale, our_applied) == (scale, applied)
+    assert all(np.all(np.isfinite(w)) for w in ours)
+    # Within float16's rounding of the forward and backward pass.
+    assert max_difference(ours, weights) < 1e-3
+    np.testing.assert_allclose(our_losses, losses, rtol=1e-3)

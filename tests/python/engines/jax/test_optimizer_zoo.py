@@ -51,41 +51,6 @@ def test_an_optimizer_trains_as_on_one_device(name):
     assert zoo.max_difference(our_state, state) < zoo.TOL
 
 
-def _overflowing_data():
-    """The zoo's epoch with rows whose float16 gradients overflow.
-
-    The targets of rows 3 and 8 are 3,000 times the others: row 3 is the
-    second device's share of the 4-row batch (2 + 2 rows), row 8 of the
-    5-row batch (3 + 2 rows); the 1-row batch stays finite. Under a loss
-    scale of 2**15 their gradient overflows float16 in the hidden layer's
-    backward pass, while the first device's share stays finite.
-    """
-    x, y = zoo.data()
-    y = y.copy()
-    y[[3, 8]] *= 3e3
-    return zoo.Batches(x, y)
-
-
-def _mixed_model():
-    keras.utils.set_random_seed(7)
-    inputs = keras.Input((zoo.INPUT_DIM,))
-    hidden = keras.layers.Dense(6, activation="tanh")(inputs)
-    # The output in float32, as Keras's mixed-precision guide advises.
-    outputs = keras.layers.Dense(2, dtype="float32")(hidden)
-    return keras.Model(inputs, outputs)
-
-
-def _fit_mixed(model):
-    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
-    history = model.fit(_overflowing_data(), epochs=3, shuffle=False,
-                        verbose=0)
-    optimizer = model.optimizer
-    assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    return (model.get_weights(), history.history["loss"],
-            float(optimizer.dynamic_scale),
-            int(optimizer.inner_optimizer.iterations))
-
-
 @pytest.fixture
 def mixed_float16():
     previous = keras.config.dtype_policy()
@@ -95,18 +60,7 @@ def mixed_float16():
 
 
 def test_mixed_float16_skips_the_steps_one_device_skips(mixed_float16):
-    weights, losses, scale, applied = _fit_mixed(_mixed_model())
-    parallel = multigpu.multi_gpu_model(_mixed_model(), gpus=zoo.DEVICES,
+    alone = zoo.fit_mixed(zoo.mixed_model())
+    parallel = multigpu.multi_gpu_model(zoo.mixed_model(), gpus=zoo.DEVICES,
                                         engine="jax")
-    ours, our_losses, our_scale, our_applied = _fit_mixed(parallel)
-    # Some of the 9 steps were skipped (the scale came down from 2**15 and
-    # fewer updates were applied) ...
-    assert scale < 2.0**15 and 0 < applied < 3 * len(zoo.BATCHES)
-    # ... the same ones: the same scale and count of updates, and weights
-    # that stayed finite.
-    assert (our_scale, our_applied) == (scale, applied)
-    assert all(np.all(np.isfinite(w)) for w in ours)
-    # Within float16's rounding of the forward and backward pass.
-    assert zoo.max_difference(ours, weights) < 1e-3
-    np.testing.assert_allclose(our_losses, losses, rtol=1e-3)
-    assert keras.config.dtype_policy().name == "mixed_float16"
+    zoo.check_same_skipped_steps(alone, zoo.fit_mixed(parallel))
