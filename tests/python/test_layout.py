@@ -375,4 +375,4 @@ def test_the_jax_engine_does_not_import_tensorflow(path):
 
 def test_the_tensorflow_engines_import_tensorflow():
     # The check above reads imports that exist: it finds the TensorFlow ones.
-    assert _imports_tensorflow(PACKAGE / "engines" / "tensorflow" / "mirrored.py")
+    assert _imports_tensorflow(PACKAGE / "engines" / "tensorflow" / "replicate.py")
