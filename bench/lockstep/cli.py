@@ -160,7 +160,7 @@ def run_benchmark(args, started):
     workloads = args.workloads or (["demo"] if args.quick
                                    else list(models.WORKLOADS))
     with tempfile.TemporaryDirectory(prefix="multigpu-bench-r-") as r_library:
-        probe = runner.run_probe(runner.worker_env())
+        probe = runner.run_probe(runner.worker_env(), timeout=args.timeout)
         known = plan.all_configs(probe)
         configs = plan.select_configs(known, args.configs)
         if not configs:
