@@ -39,6 +39,15 @@ def _seeded():
     _collect_garbage(freeze=False)
 
 
+@pytest.fixture
+def mixed_float16():
+    """Keras's global dtype policy is `mixed_float16` in the test."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    yield
+    keras.config.set_dtype_policy(previous)
+
+
 def _collect_garbage(freeze):
     """A collection that walks only what was allocated since the last freeze.
 

@@ -14,7 +14,6 @@ skipped on every replica, as one device skips it.
 
 import functools
 
-import keras
 import numpy as np
 import pytest
 
@@ -42,14 +41,6 @@ def test_an_optimizer_trains_as_on_one_device(name, engine):
     ours = zoo.fit(parallel, zoo.CASES[name])
     assert zoo.max_difference(template.get_weights(), weights) < zoo.TOL
     np.testing.assert_allclose(ours, losses, rtol=zoo.TOL, atol=zoo.TOL)
-
-
-@pytest.fixture
-def mixed_float16():
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_float16")
-    yield
-    keras.config.set_dtype_policy(previous)
 
 
 @functools.cache

@@ -15,7 +15,6 @@ Like the rest of this folder, these tests need a process started with
 
 import functools
 
-import keras
 import numpy as np
 import pytest
 
@@ -49,14 +48,6 @@ def test_an_optimizer_trains_as_on_one_device(name):
     np.testing.assert_allclose(our_losses, losses, rtol=zoo.TOL, atol=zoo.TOL)
     assert len(our_state) == len(state)
     assert zoo.max_difference(our_state, state) < zoo.TOL
-
-
-@pytest.fixture
-def mixed_float16():
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_float16")
-    yield
-    keras.config.set_dtype_policy(previous)
 
 
 def test_mixed_float16_skips_the_steps_one_device_skips(mixed_float16):
