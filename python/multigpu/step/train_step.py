@@ -143,12 +143,16 @@ def summed_over_rows(loss, rows):
     return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
 
 
+def _in_a_replica():
+    """Whether this is traced in a replica of a strategy."""
+    return tf.distribute.has_strategy() and (
+        not tf.distribute.in_cross_replica_context())
+
+
 def _in_replicas():
     """Whether this is traced in a replica of several."""
-    if not tf.distribute.has_strategy() or (
-            tf.distribute.in_cross_replica_context()):
-        return False
-    return tf.distribute.get_replica_context().num_replicas_in_sync > 1
+    return _in_a_replica() and (
+        tf.distribute.get_replica_context().num_replicas_in_sync > 1)
 
 
 def _guarded_step(model, x, y, sample_weight, checked,
@@ -279,8 +283,7 @@ def _zero_when_no_rows(grads, x):
     replica contributes nothing to the step, so its gradients are zeros;
     a replica with rows keeps its own (a select, no arithmetic).
     """
-    if not grads or not tf.distribute.has_strategy() or (
-            tf.distribute.in_cross_replica_context()):
+    if not grads or not _in_a_replica():
         return grads
     rows = tf.shape(next(t for t in keras.tree.flatten(x)
                          if t is not None))[0]
@@ -325,8 +328,7 @@ def apply_once(optimizer, grads, variables, rows=None):
     Example:
     >>> apply_once(model.optimizer, grads, model.trainable_variables)
     """
-    if not tf.distribute.has_strategy() or (
-            tf.distribute.in_cross_replica_context()):
+    if not _in_a_replica():
         _apply_whole(optimizer, grads, variables)
         return
     context = tf.distribute.get_replica_context()
