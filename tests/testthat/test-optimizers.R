@@ -67,39 +67,37 @@ expect_as_on_one_device <- function(make_optimizer, initial, reference, data,
   }
 }
 
-test_that("gradient clipping clips the whole batch's gradient, as on one device, on both engines", {
-  skip_if_no_multigpu()
+# Trains with `make_optimizer()` on one device; checks that the same
+# optimizer without the option (`make_plain()`) ends elsewhere, so the option
+# matters on this data, and that both engines end where one device does.
+expect_option_as_on_one_device <- function(make_optimizer, make_plain) {
   data <- zoo_data()
   initial <- keras3::get_weights(zoo_model())
-  clipped_sgd <- function() keras3::optimizer_sgd(learning_rate = 0.1, clipnorm = 1)
   alone <- zoo_model(initial)
-  history <- fit_in_order(alone, clipped_sgd(), data)
+  history <- fit_in_order(alone, make_optimizer(), data)
   reference <- list(weights = keras3::get_weights(alone), history = history)
-  # The clip does clip on these batches: without it, training ends elsewhere.
-  unclipped <- zoo_model(initial)
-  fit_in_order(unclipped, keras3::optimizer_sgd(learning_rate = 0.1), data)
-  expect_gt(max_difference(keras3::get_weights(unclipped), reference$weights), 1e-3)
+  plain <- zoo_model(initial)
+  fit_in_order(plain, make_plain(), data)
+  expect_gt(max_difference(keras3::get_weights(plain), reference$weights), 1e-3)
 
-  expect_as_on_one_device(clipped_sgd, initial, reference, data)
+  expect_as_on_one_device(make_optimizer, initial, reference, data)
+}
+
+test_that("gradient clipping clips the whole batch's gradient, as on one device, on both engines", {
+  skip_if_no_multigpu()
+  expect_option_as_on_one_device(
+    function() keras3::optimizer_sgd(learning_rate = 0.1, clipnorm = 1),
+    function() keras3::optimizer_sgd(learning_rate = 0.1))
 })
 
 test_that("Adam's moving average of the weights (use_ema) trains as on one device, on both engines", {
   skip_if_no_multigpu()
-  data <- zoo_data()
-  initial <- keras3::get_weights(zoo_model())
-  adam_ema <- function() {
-    keras3::optimizer_adam(learning_rate = 0.01, use_ema = TRUE,
-                           ema_momentum = 0.5, ema_overwrite_frequency = 2)
-  }
-  alone <- zoo_model(initial)
-  history <- fit_in_order(alone, adam_ema(), data)
-  reference <- list(weights = keras3::get_weights(alone), history = history)
-  # The average does overwrite the weights: plain Adam ends elsewhere.
-  plain <- zoo_model(initial)
-  fit_in_order(plain, keras3::optimizer_adam(learning_rate = 0.01), data)
-  expect_gt(max_difference(keras3::get_weights(plain), reference$weights), 1e-3)
-
-  expect_as_on_one_device(adam_ema, initial, reference, data)
+  expect_option_as_on_one_device(
+    function() {
+      keras3::optimizer_adam(learning_rate = 0.01, use_ema = TRUE,
+                             ema_momentum = 0.5, ema_overwrite_frequency = 2)
+    },
+    function() keras3::optimizer_adam(learning_rate = 0.01))
 })
 
 test_that("under mixed_float16, a batch that overflows on one device is skipped on every device, as on one device", {
