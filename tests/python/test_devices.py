@@ -260,7 +260,7 @@ def thread_pools(n, threads, env=None, before=""):
                  if k != "TF_OVERRIDE_GLOBAL_THREADPOOL"}
     result = subprocess.run(
         fresh_python(script), capture_output=True, text=True,
-        timeout=180, env={**inherited, "TF_CPP_MIN_LOG_LEVEL": "2",
+        timeout=600, env={**inherited, "TF_CPP_MIN_LOG_LEVEL": "2",
                           **(env or {})},
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -322,7 +322,7 @@ def _virtual_devices_in_a_fresh_process(code):
     """Runs `code` after `import multigpu` in a new Python; returns stderr."""
     result = subprocess.run(
         fresh_python("import multigpu\n" + code, "-W", "always"),
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=600,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
     assert result.returncode == 0, result.stderr[-2000:]

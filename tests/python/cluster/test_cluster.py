@@ -118,7 +118,7 @@ def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
     env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), os.path.dirname(
         sys.executable), "/usr/bin:/bin"]), PYTHONPATH=os.path.join(ROOT, "python"))
     result = subprocess.run(fresh_python(script), env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     # Task 3 is its node's second task: the node's GPUs 2 and 3.
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [
