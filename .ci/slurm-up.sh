@@ -27,7 +27,39 @@ srun_works() {
     [ "$(timeout 20 srun -n2 hostname 2>/dev/null | wc -l)" = 2 ]
 }
 
-if srun_works; then
+# slurm.conf: one node (this host, all its CPUs), one partition, no
+# accounting, no cgroups. Rewritten only when it changes. cred_expire (120 s
+# by default) is also how long a requeued job waits before it starts again:
+# 30 s keeps the requeue tests short and is ample on one node.
+wanted=$(cat <<EOF
+# Written by multigpu's .ci/slurm-up.sh: a single-node cluster for tests.
+ClusterName=multigpu
+SlurmctldHost=$host
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldLogFile=$log_dir/slurmctld.log
+SlurmdLogFile=$log_dir/slurmd.log
+KillWait=5
+AuthInfo=cred_expire=30
+NodeName=$host CPUs=$cpus State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+EOF
+)
+if srun_works && [ -f "$conf" ] && [ "$(cat "$conf")" = "$wanted" ]; then
   say "Slurm is up (srun -n2 hostname works)"
   exit 0
 fi
@@ -77,36 +109,7 @@ if ! munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then
   munge -n | unmunge >/dev/null || fail "munged does not answer (see /var/log/munge)"
 fi
 
-# slurm.conf: one node (this host, all its CPUs), one partition, no
-# accounting, no cgroups. Rewritten only when it changes.
 mkdir -p "$conf_dir" "$log_dir" /var/spool/slurmctld /var/spool/slurmd
-wanted=$(cat <<EOF
-# Written by multigpu's .ci/slurm-up.sh: a single-node cluster for tests.
-ClusterName=multigpu
-SlurmctldHost=$host
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-MpiDefault=none
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/backfill
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-ReturnToService=2
-SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
-StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
-SlurmctldLogFile=$log_dir/slurmctld.log
-SlurmdLogFile=$log_dir/slurmd.log
-KillWait=5
-NodeName=$host CPUs=$cpus State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
-EOF
-)
 restart=0
 if [ ! -f "$conf" ] || [ "$(cat "$conf")" != "$wanted" ]; then
   say "writing $conf (NodeName=$host CPUs=$cpus)"

@@ -59,6 +59,14 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #' with a warning; a full disk gives a classed error and keeps the committed
 #' checkpoints. In multi-worker training only the chief writes.
 #'
+#' A job warned before its time limit stops cleanly: when `preemption_signal`
+#' arrives during `fit()` (Slurm sends it with `sbatch --signal=B:USR1@90`),
+#' the batch in progress ends, the training state is saved after it, a Slurm
+#' job submitted with `--requeue` requeues itself (`scontrol requeue`), and
+#' R exits with status 75 and a message saying how training resumes. The
+#' requeued job runs the same script, which resumes at that batch; see the
+#' cluster guide for the `#SBATCH` lines.
+#'
 #' @param checkpoint_dir Directory for the checkpoints, created if missing
 #'   (`~` is expanded); it must be writable.
 #' @param save_freq `"epoch"` to checkpoint after every epoch, or a whole
@@ -69,6 +77,9 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #'   with `shuffle = TRUE` and a `seed` counts its own epochs; given here, it
 #'   is told each epoch, so a resumed epoch is shuffled as the interrupted
 #'   one was ([fit_distributed()] gives its dataset itself).
+#' @param preemption_signal The signal a scheduler sends before it stops the
+#'   job, by name (`"SIGUSR1"` or `"USR1"`) or number, or `NULL` to leave
+#'   it alone. Multi-worker jobs stop together after the same batch.
 #' @returns A list of two Keras callbacks, for `fit(callbacks = )`.
 #' @family checkpoints
 #' @export
@@ -85,8 +96,11 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #'              shuffle = FALSE, callbacks = callbacks)
 #' list.files(checkpoint_dir)   # the 2 newest models, and the state to resume from
 checkpoint_callbacks <- function(checkpoint_dir, save_freq = "epoch",
-                                 max_to_keep = 3L, data = NULL) {
+                                 max_to_keep = 3L, data = NULL,
+                                 preemption_signal = "SIGUSR1") {
   call_core("checkpoint_callbacks", as_path(checkpoint_dir),
             save_freq = if (is.character(save_freq)) save_freq else as_count(save_freq),
-            max_to_keep = as_count(max_to_keep), data = data)
+            max_to_keep = as_count(max_to_keep), data = data,
+            preemption_signal = if (is.numeric(preemption_signal))
+              as_count(preemption_signal) else preemption_signal)
 }

@@ -93,7 +93,8 @@ def require_backend(call, needs, backend="tensorflow", written=None,
             written as the user calls it (`messages.api`).
         needs: What the call needs of `backend`, completing "it needs",
             e.g. `"TensorFlow's tf.distribute"`.
-        backend: The backend the call runs on.
+        backend: The backend the call runs on, or a tuple of the backends
+            it runs on (the first is the one the error suggests).
         written: How the call is written instead of `api(call)`, for a
             setting (`messages.setting("check_finite", True)`) or a call
             with an argument.
@@ -101,7 +102,7 @@ def require_backend(call, needs, backend="tensorflow", written=None,
             runs, e.g. `"leave check_finite=False"`, or None.
 
     Returns:
-        The backend's name, `backend`.
+        The name of the backend that runs.
 
     Raises:
         UnsupportedBackendError: when another backend runs.
@@ -111,11 +112,13 @@ def require_backend(call, needs, backend="tensorflow", written=None,
     'tensorflow'
     """
     running = current()
-    if running == backend:
+    allowed = (backend,) if isinstance(backend, str) else tuple(backend)
+    if running in allowed:
         return running
+    names = " or ".join(literal(name) for name in allowed)
     raise UnsupportedBackendError(
         f"{written or api(call)} runs on the Keras backend "
-        f"{literal(backend)} only, and Keras runs on {literal(running)}: it "
-        f"needs {needs}. To use it, {_choose(backend)}"
+        f"{names} only, and Keras runs on {literal(running)}: it "
+        f"needs {needs}. To use it, {_choose(allowed[0])}"
         + (f"; otherwise {otherwise}." if otherwise else ".")
     )

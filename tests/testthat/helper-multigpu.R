@@ -74,3 +74,41 @@ run_r <- function(code, env = character()) {
 }
 
 `%||%` <- function(x, y) if (is.null(x)) y else x
+
+# Worker R processes (started by Slurm, the launcher or the tests).
+
+# The environment of a worker R process: this multigpu (the source tree
+# when the tests run from it) and this R library path.
+worker_env <- function() {
+  path <- getNamespaceInfo("multigpu", "path")
+  from_source <- length(list.files(file.path(path, "R"), "\\.R$")) > 0L
+  c(R_LIBS = paste(.libPaths(), collapse = .Platform$path.sep),
+    MULTIGPU_R_SOURCE = if (from_source) path else "",
+    TF_CPP_MIN_LOG_LEVEL = "2")
+}
+
+# Runs `command` with the worker environment; returns its output lines with
+# attribute `status`.
+run_command <- function(command, args) {
+  withr::with_envvar(worker_env(), {
+    output <- suppressWarnings(system2(command, args, stdout = TRUE,
+                                       stderr = TRUE))
+  })
+  structure(output, status = attr(output, "status") %||% 0L)
+}
+
+# srun, after starting the single-node Slurm of .ci/slurm-up.sh if needed.
+# Skips where Slurm cannot start (not root, no apt-get), never in CI.
+skip_if_no_slurm <- function() {
+  srun_works <- function() {
+    identical(attr(run_command("srun", c("-n2", "true")), "status"), 0L)
+  }
+  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
+  up <- file.path(Sys.getenv("MULTIGPU_CORE", "../.."), ".ci", "slurm-up.sh")
+  said <- if (file.exists(up)) run_command("bash", shQuote(up)) else
+    paste("no", up, "(set MULTIGPU_CORE to the multigpu checkout)")
+  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
+  reason <- paste("Slurm cannot be started here:", paste(tail(said, 3), collapse = " "))
+  if (nzchar(Sys.getenv("CI"))) stop(reason, " (CI must run the Slurm tests)")
+  skip(reason)
+}

@@ -48,6 +48,14 @@ test_that("checkpoint_callbacks() errors: NA and non-whole in R, the rest in Pyt
   expect_error(make_or_restore_model(file.path(file, "ckpt"), function() NULL),
                "`checkpoint_dir`.*cannot be created", class = "multigpu_value_error")
   expect_identical(checkpoint_callbacks(dir, max_to_keep = NULL)[[2]]$max_to_keep, NULL)
+  expect_error(checkpoint_callbacks(dir, preemption_signal = "SIGKILL"),
+               "Invalid `preemption_signal`: received \"SIGKILL\", which no process can catch",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, preemption_signal = "SIGNOPE"),
+               "received \"SIGNOPE\", which is no signal here; expected a signal name such as \"SIGUSR1\", its number, or NULL",
+               class = "multigpu_value_error")
+  expect_error(checkpoint_callbacks(dir, preemption_signal = 10.5),
+               "`preemption_signal` is not a whole number", class = "multigpu_value_error")
   expect_identical(checkpoint_callbacks(dir, max_to_keep = 2)[[2]]$max_to_keep, 2L)
 })
 
@@ -125,4 +133,52 @@ test_that("data that is not a dataset is named", {
   expect_error(checkpoint_callbacks(withr::local_tempdir(), data = iris_x()),
                "Invalid `data`: received an object of type ndarray",
                class = "multigpu_type_error")
+})
+
+test_that("an Rscript job warned before its time limit requeues itself and ends on the unbroken weights", {
+  skip_if_not_installed_unloaded("keras3")
+  skip_if_no_multigpu()
+  skip_if_no_slurm()
+  dir <- withr::local_tempdir()
+  rscript <- file.path(R.home("bin"), "Rscript")
+  worker <- normalizePath(test_path("workers", "requeue.R"))
+  job <- file.path(dir, "job.sh")
+  writeLines(c("#!/bin/bash", paste(
+    "exec", shQuote(rscript), "--vanilla", shQuote(worker),
+    shQuote(file.path(dir, "ckpt")), shQuote(file.path(dir, "requeued.rds")), "6")), job)
+  log <- file.path(dir, "job.log")
+  # Warned 50 s before a 2-minute limit; the first allocation cannot finish.
+  submitted <- run_command("sbatch", c(
+    "--parsable", "--time=2", "--requeue", "--signal=B:USR1@50",
+    "--open-mode=append", paste0("--output=", log), shQuote(job)))
+  expect_identical(attr(submitted, "status"), 0L, info = paste(submitted, collapse = "\n"))
+  job_id <- sub(";.*", "", submitted[[1]])
+
+  # Meanwhile the same script uninterrupted, outside Slurm.
+  unbroken <- run_command(rscript, c("--vanilla", shQuote(worker), shQuote(file.path(dir, "unbroken")),
+                                     shQuote(file.path(dir, "unbroken.rds")), "0"))
+  expect_identical(attr(unbroken, "status"), 0L, info = paste(unbroken, collapse = "\n"))
+
+  deadline <- Sys.time() + 600
+  repeat {
+    shown <- run_command("scontrol", c("show", "job", "-o", job_id))
+    state <- regmatches(shown, regexpr("JobState=[A-Z]+", shown))
+    if (length(state) && state %in% c("JobState=COMPLETED", "JobState=FAILED",
+                                       "JobState=CANCELLED", "JobState=TIMEOUT")) break
+    if (Sys.time() > deadline) {
+      run_command("scancel", job_id)
+      fail(paste("job", job_id, "still running after 600 s:", paste(shown, collapse = " ")))
+    }
+    Sys.sleep(5)
+  }
+  output <- paste(readLines(log), collapse = "\n")
+  expect_identical(state, "JobState=COMPLETED", info = output)
+  expect_match(shown, "Restarts=1", all = FALSE)
+  expect_match(output, "caught SIGUSR1; saved the training state after batch [0-9]+ of epoch [0-9]+")
+  expect_match(output, paste0("Requeued Slurm job ", job_id, ": it runs the same script again"))
+  expect_match(output, "done, restarts: 1")
+  # R ended cleanly after the save, not through an R error.
+  expect_no_match(output, "SystemExit|Execution halted")
+  expect_equal(readRDS(file.path(dir, "requeued.rds")), readRDS(file.path(dir, "unbroken.rds")),
+               tolerance = 1e-6)
 })

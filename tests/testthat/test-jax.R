@@ -8,7 +8,7 @@
 jax_scenarios <- function() {
   files <- scenario_files_for("jax")
   trained <- c("mlp_fewer_rows_than_replicas", "batchnorm_short_batches_save_reload",
-               "mlp_weights_round_trip")
+               "mlp_weights_round_trip", "resume_parallel_model_from_checkpoints")
   names <- sub("[.]json$", "", basename(files))
   files[startsWith(names, "invalid_") | names %in% trained]
 }

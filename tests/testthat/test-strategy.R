@@ -99,26 +99,6 @@ test_that("multi_gpu_model(engine = 'mirrored') trains a mirrored copy and keeps
 # Multi-worker training from R: the same script (workers/train.R) on 2
 # workers, started by Slurm's srun or by multigpu's launcher.
 
-# The environment of a worker R process: this multigpu (the source tree
-# when the tests run from it) and this R library path.
-worker_env <- function() {
-  path <- getNamespaceInfo("multigpu", "path")
-  from_source <- length(list.files(file.path(path, "R"), "\\.R$")) > 0L
-  c(R_LIBS = paste(.libPaths(), collapse = .Platform$path.sep),
-    MULTIGPU_R_SOURCE = if (from_source) path else "",
-    TF_CPP_MIN_LOG_LEVEL = "2")
-}
-
-# Runs `command` with the worker environment; returns its output lines with
-# attribute `status`.
-run_command <- function(command, args) {
-  withr::with_envvar(worker_env(), {
-    output <- suppressWarnings(system2(command, args, stdout = TRUE,
-                                       stderr = TRUE))
-  })
-  structure(output, status = attr(output, "status") %||% 0L)
-}
-
 # Trains workers/train.R on 2 workers through `start` (a function of the
 # Rscript command line returning the output); checks both workers against
 # one process training on the same global batches.
@@ -154,22 +134,6 @@ expect_two_workers_train_like_one_process <- function(start) {
                               shuffle = FALSE, verbose = 0)
   expect_equal(workers[[1]]$loss, history$metrics$loss, tolerance = 1e-5)
   expect_equal(workers[[1]]$weights, reference$get_weights(), tolerance = 1e-5)
-}
-
-# srun, after starting the single-node Slurm of .ci/slurm-up.sh if needed.
-# Skips where Slurm cannot start (not root, no apt-get), never in CI.
-skip_if_no_slurm <- function() {
-  srun_works <- function() {
-    identical(attr(run_command("srun", c("-n2", "true")), "status"), 0L)
-  }
-  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
-  up <- file.path(Sys.getenv("MULTIGPU_CORE", "../.."), ".ci", "slurm-up.sh")
-  said <- if (file.exists(up)) run_command("bash", shQuote(up)) else
-    paste("no", up, "(set MULTIGPU_CORE to the multigpu checkout)")
-  if (nzchar(Sys.which("srun")) && srun_works()) return(invisible(TRUE))
-  reason <- paste("Slurm cannot be started here:", paste(tail(said, 3), collapse = " "))
-  if (nzchar(Sys.getenv("CI"))) stop(reason, " (CI must run the Slurm tests)")
-  skip(reason)
 }
 
 test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fit_distributed() trains like one process", {

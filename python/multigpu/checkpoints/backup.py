@@ -7,19 +7,20 @@ import keras
 import tensorflow as tf
 
 from multigpu import backends, internals
-from multigpu.checkpoints import atomic, epochs, listing, resume
+from multigpu.checkpoints import atomic, epochs, listing, preemption, resume
 from multigpu.checkpoints.arguments import check_save_freq
 from multigpu.checkpoints.lock import writes_checkpoints
+from multigpu.cluster import agreement
 from multigpu.messages import literal
 from multigpu.step import train_function as chain
 
 # What resuming exactly needs (`backends.require_backend`): the skipping
-# train function is called as TensorFlow's trainer calls it, with the data
-# iterator alone; Keras's JAX trainer passes its state as well.
-RESUME_NEEDS = ("TensorFlow's training loop: resuming exactly skips the "
-                "batches already trained through the train function as the "
-                "TensorFlow trainer calls it, and restores its checkpoint "
-                "and random states")
+# train function is called as the TensorFlow and JAX trainers call it, with
+# the data iterator last; Keras's torch trainer draws the batch itself.
+RESUME_BACKENDS = ("tensorflow", "jax")
+RESUME_NEEDS = ("a training loop that gives the train function the data "
+                "iterator: resuming exactly skips the batches already "
+                "trained by drawing them from it")
 
 
 class AtomicBackupAndRestore(keras.callbacks.Callback):
@@ -44,9 +45,16 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         data: The training `tf.data.Dataset`, or None. A dataset from
             `distributed_dataset(shuffle=True, seed=...)` is told each
             epoch, so a resumed epoch is shuffled as the interrupted one.
+        preemption_signal: The signal that stops training early, or None
+            (see `checkpoint_callbacks`): once it arrives, the batch in
+            progress ends, the state is saved there, and the process exits
+            (`preemption.stop_job`).
 
     Raises:
-        TypeError: if `data` is not a `tf.data.Dataset` or None.
+        TypeError: if `data` is not a `tf.data.Dataset` or None, or
+            `preemption_signal` is no signal name or number.
+        ValueError: for a `preemption_signal` that is no signal here or
+            cannot be caught.
 
     Example:
     >>> callback = AtomicBackupAndRestore("ckpt/backup", data=data)
@@ -54,9 +62,9 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
     """
 
     def __init__(self, backup_dir, save_freq="epoch", position=None,
-                 lock=None, data=None):
+                 lock=None, data=None, preemption_signal=None):
         backends.require_backend(
-            "AtomicBackupAndRestore", RESUME_NEEDS,
+            "AtomicBackupAndRestore", RESUME_NEEDS, RESUME_BACKENDS,
             written="multigpu.checkpoints.AtomicBackupAndRestore()")
         super().__init__()
         self.backup_dir = os.fspath(backup_dir)
@@ -71,6 +79,11 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         self._trained_in_epoch = 0
         self._resumed_epoch = None
         self._version = 0
+        self._watch = preemption.PreemptionWatch(
+            preemption.check_preemption_signal(preemption_signal))
+        # From now, not from fit: a warning during the set-up is kept.
+        self._watch.start()
+        self._strategy = None  # the multi-worker strategy trained under
         self.set_data(data)
 
     def set_data(self, data):
@@ -100,6 +113,10 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
             atomic.remove_stale_temporaries(self.backup_dir)
         self._warn_if_not_replayable()
         resume.warn_if_steps_per_execution(self.model, self.save_freq)
+        self._watch.start()
+        # Read once: on JAX, reading `self.model` syncs the trainer's state.
+        strategy = getattr(self.model, "distribute_strategy", None)
+        self._strategy = strategy if agreement.spans_workers(strategy) else None
         state = self._restore()
         self.position.skip = 0
         self.position.skipped = False
@@ -126,6 +143,8 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         if self.position.skipped:
             return
         self._trained_in_epoch += 1
+        if self._watch.signum is not None and self._preempted():
+            self._stop_preempted()
         if self.save_freq == "epoch":
             return
         self._trained_since_save += 1
@@ -140,9 +159,35 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         self._save()
 
     def on_train_end(self, logs=None):
+        self._watch.stop()
         chain.unlink(self.model, "resume")
         if self.writer_lock is not None:
             self.writer_lock.release()
+
+    def _preempted(self):
+        """Whether the watched signal arrived, here or on any other worker.
+
+        Workers get the signal at slightly different moments; they agree
+        after every batch (one all-reduce of a flag), so that all stop
+        after the same batch and their collectives stay paired.
+        """
+        if self._strategy is None:
+            return self._watch.caught
+        return agreement.any_worker(self._strategy, self._watch.caught)
+
+    def _stop_preempted(self):
+        """Saves the state after this batch, then requeues and exits."""
+        self._save()
+        if self._strategy is not None:
+            # No worker exits before the chief has committed the state.
+            agreement.any_worker(self._strategy, False)
+        self._watch.stop()
+        preemption.stop_job(
+            self._watch.signum,
+            f"the training state after batch {self._trained_in_epoch} of "
+            f"epoch {self._current_epoch + 1} in "
+            f"{literal(self.backup_dir)}",
+            requeues=writes_checkpoints(self.model))
 
     def _skipping(self, train_function):
         """The `"resume"` link: the resumed epoch's trained batches only draw."""

@@ -3,6 +3,7 @@
 import os
 
 from multigpu import backends
+from multigpu.checkpoints import preemption
 from multigpu.checkpoints.arguments import (
     BACKUP_NAME,
     check_backup_path,
@@ -12,7 +13,11 @@ from multigpu.checkpoints.arguments import (
     check_writable,
 )
 from multigpu.checkpoints.atomic import remove_stale_temporaries
-from multigpu.checkpoints.backup import RESUME_NEEDS, AtomicBackupAndRestore
+from multigpu.checkpoints.backup import (
+    RESUME_BACKENDS,
+    RESUME_NEEDS,
+    AtomicBackupAndRestore,
+)
 from multigpu.checkpoints.lock import writer_lock
 from multigpu.checkpoints.model_checkpoint import AtomicModelCheckpoint
 from multigpu.checkpoints.resume import ResumePosition
@@ -22,7 +27,8 @@ DEFAULT_MAX_TO_KEEP = 3
 
 
 def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
-                         max_to_keep=DEFAULT_MAX_TO_KEEP, data=None):
+                         max_to_keep=DEFAULT_MAX_TO_KEEP, data=None,
+                         preemption_signal=preemption.DEFAULT_SIGNAL):
     """Keras callbacks that checkpoint training and resume it exactly.
 
     Pass them to `fit` (or `fit_distributed`) and run the same script again
@@ -57,6 +63,15 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
             its epochs; given here, it is told each epoch, so a resumed
             epoch is shuffled as the interrupted one was. `fit_distributed`
             gives its dataset itself.
+        preemption_signal: The signal a scheduler sends before it stops the
+            job (Slurm: `sbatch --signal=B:USR1@90`), by name or number, or
+            None to leave it alone. When it arrives during `fit`, the batch
+            in progress ends, the exact training state is saved after it,
+            a Slurm job submitted with `--requeue` is requeued
+            (`scontrol requeue`), and the process exits with status 75
+            (`preemption.PREEMPTED_EXIT_STATUS`) and a message saying how
+            it resumes; running the script again continues at that batch.
+            Multi-worker jobs stop together after the same batch.
 
     Returns:
         A list `[AtomicBackupAndRestore, AtomicModelCheckpoint]` of Keras
@@ -64,11 +79,13 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
         worker restores from the same directory.
 
     Raises:
-        ValueError: for an invalid `checkpoint_dir`, `save_freq` or
-            `max_to_keep`, a directory this process cannot write, one that
-            holds a file named `backup`, or one another process is training
-            into.
-        TypeError: if `data` is not a `tf.data.Dataset` or None.
+        ValueError: for an invalid `checkpoint_dir`, `save_freq`,
+            `max_to_keep` or `preemption_signal` (no signal here, or one no
+            process can catch), a directory this process cannot write, one
+            that holds a file named `backup`, or one another process is
+            training into.
+        TypeError: if `data` is not a `tf.data.Dataset` or None, or
+            `preemption_signal` no signal name or number.
 
     Example:
     >>> with strategy.scope():
@@ -76,12 +93,14 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
     >>> model.fit(data, epochs=10,
     ...           callbacks=multigpu.checkpoint_callbacks("ckpt", data=data))
     """
-    backends.require_backend("checkpoint_callbacks", RESUME_NEEDS)
+    backends.require_backend("checkpoint_callbacks", RESUME_NEEDS,
+                             RESUME_BACKENDS)
     directory = check_directory(checkpoint_dir)
     save_freq = check_save_freq(save_freq)
     max_to_keep = check_max_to_keep(max_to_keep)
     check_writable(directory)
     check_backup_path(directory)
+    signum = preemption.check_preemption_signal(preemption_signal)
     lock = None
     if cluster_lib.is_chief():
         lock = writer_lock(directory)
@@ -93,7 +112,8 @@ def checkpoint_callbacks(checkpoint_dir, save_freq="epoch",
     return [
         AtomicBackupAndRestore(os.path.join(directory, BACKUP_NAME),
                                save_freq=save_freq, position=position,
-                               lock=lock, data=data),
+                               lock=lock, data=data,
+                               preemption_signal=signum),
         AtomicModelCheckpoint(os.path.join(directory, name),
                               save_freq=save_freq, max_to_keep=max_to_keep,
                               position=position,

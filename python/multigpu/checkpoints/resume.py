@@ -48,10 +48,11 @@ def skipping_train_function(train_function, model, position):
     """Wraps a train function: its first `position.skip` batches only draw.
 
     Keras's `fit` (and `fit_distributed`) call `model.train_function` once
-    per step with the data iterator; the wrapper draws the step's batches
-    and returns no logs while `position.skip` is positive. The backup
-    callback makes it the `"resume"` link of the train function
-    (`multigpu.step.train_function`).
+    per step with the data iterator (on JAX, `train_function(state,
+    iterator)`); the wrapper draws the step's batches and returns no logs
+    (on JAX, no logs and the state it was given) while `position.skip` is
+    positive. The backup callback makes it the `"resume"` link of the
+    train function (`multigpu.step.train_function`).
 
     Args:
         train_function: The train function to wrap.
@@ -59,22 +60,24 @@ def skipping_train_function(train_function, model, position):
         position: The `ResumePosition` to count down.
 
     Returns:
-        A function of the iterator.
+        A function of the iterator (on JAX, of the state and the iterator).
 
     Example:
     >>> skipping = skipping_train_function(train, model, position)
     """
 
-    def train(iterator):
+    def train(*state_and_iterator):
         if position.skip > 0:
             for _ in range(max(int(getattr(model, "steps_per_execution", 1)
                                    or 1), 1)):
-                next(iterator)
+                next(state_and_iterator[-1])
                 position.skip -= 1
             position.skipped = True
+            if len(state_and_iterator) == 2:
+                return {}, state_and_iterator[0]
             return {}
         position.skipped = False
-        return train_function(iterator)
+        return train_function(*state_and_iterator)
 
     return train
 

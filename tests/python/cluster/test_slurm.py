@@ -7,6 +7,7 @@ skip only where it cannot start (not root, no apt-get), and fail in CI.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,3 +149,113 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
         runs[0]["initial"], runs[0]["global_batch"], 4)
     for got, want in zip(weights[0], reference.get_weights()):
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+# A job that outlives its time limit: Slurm warns it with SIGUSR1 before the
+# limit (here 2 min, warned 50 s before, which Slurm delivers to within
+# about 30 s); checkpoint_callbacks save after the batch in progress and
+# requeue the job, which starts again once Slurm's requeue delay
+# (`cred_expire` in slurm.conf) has passed and resumes. The first allocation
+# is slowed (`--slow-until-requeued`) so that it cannot finish in time.
+REQUEUE_TIMEOUT = 600
+
+
+def _sbatch(tmp_path, name, options, command):
+    """Submits `command` as a batch job; returns its id and its log's path."""
+    job_script = tmp_path / f"{name}.sh"
+    job_script.write_text("#!/bin/bash\n" + command + "\n")
+    log = tmp_path / f"{name}.log"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--time=2", "--requeue",
+         "--open-mode=append", f"--output={log}", *options, str(job_script)],
+        env=_env(), capture_output=True, text=True, timeout=60, check=True)
+    return submitted.stdout.strip().split(";")[0], log
+
+
+def _wait_for_jobs(jobs):
+    """Waits until Slurm no longer lists the jobs; returns their final states."""
+    deadline = time.monotonic() + REQUEUE_TIMEOUT
+    states = {}
+    while time.monotonic() < deadline:
+        for job_id in jobs:
+            shown = subprocess.run(["scontrol", "show", "job", "-o", job_id],
+                                   capture_output=True, text=True, timeout=60)
+            fields = dict(part.split("=", 1) for part in shown.stdout.split()
+                          if "=" in part)
+            states[job_id] = (fields.get("JobState"), fields.get("Restarts"))
+        if all(state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+               for state, _ in states.values()):
+            return states
+        time.sleep(5)
+    for job_id in jobs:
+        subprocess.run(["scancel", job_id], timeout=60, check=False)
+    raise AssertionError(f"jobs still running after {REQUEUE_TIMEOUT} s: {states}")
+
+
+def _single_task(tmp_path, name, path, backend):
+    """The batch script's line that runs resume_exact.py as the batch shell."""
+    return f"export KERAS_BACKEND={backend}\nexec " + subprocess.list2cmdline([
+        sys.executable, "-u", script("resume_exact.py"), path, "epoch",
+        str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}.npz"),
+        "--slow-until-requeued", "8"])
+
+
+def _unbroken(tmp_path, path, backend):
+    """resume_exact.py's run outside Slurm, never stopped: its weights."""
+    done = subprocess.run(
+        [sys.executable, script("resume_exact.py"), path, "epoch",
+         str(tmp_path / f"unbroken-{path}"), str(tmp_path / f"unbroken-{path}.npz")],
+        env=dict(_env(), KERAS_BACKEND=backend), capture_output=True,
+        text=True, timeout=REQUEUE_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return np.load(tmp_path / f"unbroken-{path}.npz")
+
+
+def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken_weights(
+        slurm, tmp_path):
+    # Two tasks of an srun step, each warned: `--signal=USR1@50`.
+    cluster = subprocess.list2cmdline([
+        "srun", "--kill-on-bad-exit=1", sys.executable, "-u", TRAIN,
+        str(tmp_path), "--epochs", "4", "--checkpoints",
+        str(tmp_path / "cluster-ckpt"), "--slow-until-requeued", "6"])
+    jobs = {
+        # One task, the script exec'd as the batch shell: `--signal=B:USR1@50`.
+        "single": _sbatch(tmp_path, "single", ["--signal=B:USR1@50"],
+                          _single_task(tmp_path, "single", "mirrored",
+                                       "tensorflow")),
+        "single_jax": _sbatch(tmp_path, "single_jax", ["--signal=B:USR1@50"],
+                              _single_task(tmp_path, "single_jax", "jax",
+                                           "jax")),
+        "cluster": _sbatch(tmp_path, "cluster", ["-n2", "--signal=USR1@50"],
+                           cluster),
+    }
+    # Meanwhile, the single-task scripts uninterrupted, outside Slurm.
+    unbroken = {"single": _unbroken(tmp_path, "mirrored", "tensorflow"),
+                "single_jax": _unbroken(tmp_path, "jax", "jax")}
+    states = _wait_for_jobs([job_id for job_id, _ in jobs.values()])
+    logs = {name: log.read_text() for name, (_, log) in jobs.items()}
+    for name, (job_id, _) in jobs.items():
+        assert states[job_id] == ("COMPLETED", "1"), (name, logs[name][-3000:])
+        assert logs[name].count("caught SIGUSR1; saved the training state "
+                                "after batch") == 1, logs[name][-3000:]
+        assert f"Requeued Slurm job {job_id}" in logs[name], logs[name][-3000:]
+    # Both tasks stopped after the same batch; the chief alone saved and requeued.
+    stops = re.findall(r"caught SIGUSR1; (saved|the chief worker saved) the "
+                       r"training state (after batch \d+ of epoch \d+)",
+                       logs["cluster"])
+    assert sorted(who for who, _ in stops) == ["saved", "the chief worker saved"]
+    assert len({where for _, where in stops}) == 1, stops
+
+    for name, want in unbroken.items():
+        got = np.load(tmp_path / f"{name}.npz")
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], atol=1e-6, rtol=0,
+                                       err_msg=name)
+    runs, weights = _runs(tmp_path)
+    assert [run["restarts"] for run in runs] == [1, 1]
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+    reference, _ = one_process_reference(
+        runs[0]["initial"], runs[0]["global_batch"], 4)
+    for got_weight, want_weight in zip(weights[0], reference.get_weights()):
+        np.testing.assert_allclose(got_weight, want_weight, atol=1e-5)

@@ -18,7 +18,6 @@ import pytest
 
 import multigpu
 from multigpu import backends, internals
-from multigpu.checkpoints import AtomicBackupAndRestore
 from multigpu.insight import memory_plan as memory_lib
 from multigpu.messages import language
 from support.models import copy_of, normalized_mlp
@@ -135,6 +134,35 @@ def test_make_or_restore_model_restores_the_newest_checkpoint(tmp_path):
                                model.predict(x, verbose=0), atol=TOLERANCE)
 
 
+def test_checkpoint_callbacks_resume_a_finished_epoch_on_jax(tmp_path):
+    # The exact resume after kills and signals, against an uninterrupted
+    # run, is tests/python/checkpoints/test_resume.py's "jax" path.
+    x, y = rows_of(16)
+
+    def trained(epochs):
+        keras.utils.set_random_seed(5)
+        parallel = multigpu.multi_gpu_model(normalized_mlp(), gpus=2)
+        parallel.compile(optimizer="adam", loss="mse")
+        history = parallel.fit(
+            x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0,
+            callbacks=multigpu.checkpoint_callbacks(tmp_path / "ckpt"))
+        return parallel, history
+
+    _, first = trained(2)
+    assert len(first.history["loss"]) == 2
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.keras")) == [
+        "ckpt-1.keras", "ckpt-2.keras"]
+    resumed, second = trained(3)
+    # Two epochs were done: only the third trains.
+    assert len(second.history["loss"]) == 1
+    keras.utils.set_random_seed(5)
+    alone = normalized_mlp()
+    alone.compile(optimizer="adam", loss="mse")
+    alone.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    for got, want in zip(resumed.get_weights(), alone.get_weights()):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE)
+
+
 def _compiled_plain():
     model = normalized_mlp()
     model.compile(optimizer="sgd", loss="mse")
@@ -149,10 +177,6 @@ REFUSED = {
         lambda tmp: multigpu.fit_distributed(_compiled_plain(), None),
     "multigpu.distributed_dataset()":
         lambda tmp: multigpu.distributed_dataset(rows_of(4)[0]),
-    "multigpu.checkpoint_callbacks()":
-        lambda tmp: multigpu.checkpoint_callbacks(tmp),
-    "multigpu.checkpoints.AtomicBackupAndRestore()":
-        lambda tmp: AtomicBackupAndRestore(tmp / "backup"),
     "multigpu.model_parallel()":
         lambda tmp: multigpu.model_parallel(normalized_mlp(), devices=2),
     "multigpu.check_equivalence() with engine='strategy'":

@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,6 +18,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # "multigpu[cpu]"`). A test process that imports this module has Keras
 # loaded already and is left as it is.
 OPTIONAL_PACKAGES = ("jax", "pandas", "scipy", "sklearn")
+# A worker started on JAX (KERAS_BACKEND=jax) needs JAX, and Keras's JAX
+# backend SciPy.
+if os.environ.get("KERAS_BACKEND") == "jax":
+    OPTIONAL_PACKAGES = ("pandas", "sklearn")
 
 
 def hide_optional_packages(names=OPTIONAL_PACKAGES):
@@ -57,3 +62,18 @@ def training_data(rows=96):
     x = rng.standard_normal((rows, 8)).astype("float32")
     y = rng.standard_normal((rows, 3)).astype("float32")
     return x, y
+
+
+def slow_until_requeued(seconds):
+    """A callback that sleeps `seconds` after every batch until Slurm requeues.
+
+    Slurm sets SLURM_RESTART_COUNT in a requeued job: the first allocation
+    is slowed so that it reaches its time limit, the next runs at speed.
+    """
+    import keras
+
+    def on_train_batch_end(batch, logs=None):
+        if int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0:
+            time.sleep(seconds)
+
+    return keras.callbacks.LambdaCallback(on_train_batch_end=on_train_batch_end)

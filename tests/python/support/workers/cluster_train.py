@@ -1,6 +1,7 @@
 """One worker of a cluster (any cluster manager): trains, reports, saves.
 
 Usage: cluster_train.py OUT_DIR [--epochs N] [--checkpoints DIR]
+           [--slow-until-requeued SECONDS]
 
 The worker's index comes from the strategy (TF_CONFIG or Slurm), never from
 the environment directly. Prints `task I pid P epoch E` when each epoch
@@ -39,6 +40,7 @@ def main():
     parser.add_argument("out_dir")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--checkpoints")
+    parser.add_argument("--slow-until-requeued", type=float)
     options = parser.parse_args()
     index = strategy.cluster_resolver.task_id or 0
     with strategy.scope():
@@ -57,6 +59,8 @@ def main():
     if options.checkpoints:
         callbacks = multigpu.checkpoint_callbacks(options.checkpoints) + \
             callbacks
+    if options.slow_until_requeued:
+        callbacks.append(_common.slow_until_requeued(options.slow_until_requeued))
     history = multigpu.fit_distributed(model, data, epochs=options.epochs,
                                        verbose=0, callbacks=callbacks)
     np.savez(os.path.join(options.out_dir, f"weights-{index}.npz"),
@@ -64,6 +68,7 @@ def main():
     with open(os.path.join(options.out_dir, f"run-{index}.json"), "w") as f:
         json.dump({"history": history.history, "initial": initial,
                    "epochs_run": started,
+                   "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                    "writes_checkpoints": checkpoints.writes_checkpoints(model),
                    "replicas": strategy.num_replicas_in_sync,
                    "global_batch": PER_REPLICA * strategy.num_replicas_in_sync},

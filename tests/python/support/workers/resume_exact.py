@@ -1,12 +1,19 @@
 """Trains with checkpoint_callbacks and may SIGKILL itself at a chosen moment.
 
 Usage: resume_exact.py PATH SAVE_FREQ CKPT_DIR OUT_NPZ
-           [--kill-step N] [--kill-write N]
+           [--kill-step N] [--kill-write N] [--signal-step N]
+           [--slow-until-requeued SECONDS]
 
-PATH is "multi_gpu_model", "mirrored" (model.fit under mirrored_strategy) or
-"fit_distributed". --kill-step kills the process right after global training
+PATH is "multi_gpu_model", "mirrored" (model.fit under mirrored_strategy),
+"fit_distributed" or, with KERAS_BACKEND=jax, "jax" (multi_gpu_model on
+NumPy arrays, which Keras's JAX trainer batches in order). --kill-step kills the process right after global training
 step N; --kill-write kills it in the middle of the N-th checkpoint file write
-of this run (after the temporary file is written, before it is committed).
+of this run (after the temporary file is written, before it is committed);
+--signal-step sends the process SIGUSR1, a scheduler's warning before it
+stops a job, right after step N: checkpoint_callbacks save after the next
+step and exit with status 75. --slow-until-requeued sleeps that long after
+every step until Slurm has requeued the job (SLURM_RESTART_COUNT > 0), so
+that the first allocation of a Slurm job reaches its time limit.
 Without a kill the run finishes and saves the final weights to OUT_NPZ.
 """
 
@@ -32,14 +39,15 @@ def _die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillAtStep(keras.callbacks.Callback):
-    def __init__(self, step):
+class SignalAtStep(keras.callbacks.Callback):
+    def __init__(self, step, signum):
         super().__init__()
         self.step = step
+        self.signum = signum
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) == self.step:
-            _die()
+            os.kill(os.getpid(), self.signum)
 
 
 def kill_inside_write(n):
@@ -76,6 +84,8 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--kill-step", type=int)
     parser.add_argument("--kill-write", type=int)
+    parser.add_argument("--signal-step", type=int)
+    parser.add_argument("--slow-until-requeued", type=float)
     options = parser.parse_args()
     keras.utils.set_random_seed(99)  # the data order depends on it
     save_freq = options.save_freq
@@ -83,6 +93,15 @@ def main():
     if options.kill_write:
         kill_inside_write(options.kill_write)
     x, y = _common.training_data(48)
+    if options.path == "jax":
+        model = build(devices=2)
+        callbacks = multigpu.checkpoint_callbacks(options.checkpoint_dir,
+                                                  save_freq=save_freq)
+        _add_stops(callbacks, options)
+        model.fit(x, y, batch_size=8, epochs=EPOCHS, shuffle=False,
+                  verbose=0, callbacks=callbacks)
+        _finish(model, options)
+        return
     if options.path == "multi_gpu_model":
         model = build(devices=2)
         target = model
@@ -98,15 +117,29 @@ def main():
     given = None if options.path == "fit_distributed" else data
     callbacks = multigpu.checkpoint_callbacks(options.checkpoint_dir,
                                               save_freq=save_freq, data=given)
-    if options.kill_step:
-        callbacks.append(KillAtStep(options.kill_step))
+    _add_stops(callbacks, options)
     if options.path == "fit_distributed":
         multigpu.fit_distributed(model, data, epochs=EPOCHS, verbose=0,
                                  callbacks=callbacks)
     else:
         model.fit(data, epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    _finish(model, options)
+
+
+def _add_stops(callbacks, options):
+    """The callbacks that kill, warn or slow the run, as the options ask."""
+    if options.kill_step:
+        callbacks.append(SignalAtStep(options.kill_step, signal.SIGKILL))
+    if options.slow_until_requeued:
+        callbacks.append(_common.slow_until_requeued(options.slow_until_requeued))
+    if options.signal_step:
+        callbacks.append(SignalAtStep(options.signal_step, signal.SIGUSR1))
+
+
+def _finish(model, options):
     np.savez(options.out, *model.get_weights())
-    print("finished", flush=True)
+    print("finished, restarts:", os.environ.get("SLURM_RESTART_COUNT", "0"),
+          flush=True)
 
 
 if __name__ == "__main__":
