@@ -690,3 +690,25 @@ def profiler_space(path):
     with open(path, "rb") as handle:
         space.ParseFromString(handle.read())
     return space
+
+
+# The order of the parts of Keras's JAX trainer state (`_get_jax_state`).
+_JAX_STATE_PARTS = ("trainable_variables", "non_trainable_variables",
+                    "optimizer_variables", "metrics_variables")
+
+
+def hold_jax_state(model, state):
+    """Makes `state` the JAX trainer's latest state, synced back at `fit`'s end.
+
+    Keras's JAX `fit` takes the variables' values out of the model at each
+    epoch's start and puts the latest state back when it ends, but a call
+    of the train function that fails before any step of the epoch leaves
+    no state to put back: the model's variables would stay empty.
+
+    Args:
+        model: A `keras.Model` on JAX, inside `fit`.
+        state: The `(trainable, non_trainable, optimizer, metrics)` values
+            the train function was given.
+    """
+    model._jax_state = dict(zip(_JAX_STATE_PARTS, state))
+    model._jax_state_synced = False

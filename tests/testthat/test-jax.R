@@ -13,7 +13,7 @@ jax_scenarios <- function() {
   files[startsWith(names, "invalid_") | names %in% trained]
 }
 
-test_that("on JAX, multi_gpu_model() trains like one device, refuses what JAX cannot do in R's words, and runs the JAX scenarios", {
+test_that("on JAX, multi_gpu_model() trains like one device, stops at NA, refuses what JAX cannot do in R's words, and runs the JAX scenarios", {
   skip_if_no_multigpu()
   skip_if_not_installed_unloaded("keras3")
   jax <- tryCatch(reticulate::import("importlib.metadata")$version("jax"),
@@ -51,6 +51,13 @@ test_that("on JAX, multi_gpu_model() trains like one device, refuses what JAX ca
   for (quantity in names(result$differences)) {
     expect_lte(result$differences[[quantity]], 1e-5, label = quantity)
   }
+
+  expect_true(result$check_finite)
+  expect_true("multigpu_value_error" %in% result$guard$class)
+  expect_match(result$guard$message, paste0(
+    "Non-finite training data in epoch 1, batch 2 (counted from 1): x has 1 ",
+    "NaN value in 1 row (row 3 of the batch"), fixed = TRUE)
+  expect_true(result$guard_finite)
 
   errors <- result$errors
   expect_true("multigpu_value_error" %in% errors$sync_batchnorm$class)

@@ -102,7 +102,8 @@ def is_checked(tensor):
             and not isinstance(tensor, (tf.SparseTensor, tf.RaggedTensor)))
 
 
-def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
+def checked_leaves(x, y, sample_weight, input_names=(), output_names=(),
+                   keep=is_checked):
     """The floating-point tensors of a batch that the check reads.
 
     Args:
@@ -112,6 +113,9 @@ def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
             `x`.
         output_names: The model's output names, for lists `y` and
             `sample_weight`.
+        keep: Which leaves are checked (`is_checked`: TensorFlow's dense
+            floating-point tensors; the JAX engine passes its own test for
+            arrays).
 
     Returns:
         A list of `(Leaf, tensor)`.
@@ -123,7 +127,7 @@ def checked_leaves(x, y, sample_weight, input_names=(), output_names=()):
     leaves = (_leaves(x, "x", list(input_names))
               + _leaves(y, "y", list(output_names))
               + _leaves(sample_weight, "sample_weight", list(output_names)))
-    return [(leaf, t) for leaf, t in leaves if is_checked(t)]
+    return [(leaf, t) for leaf, t in leaves if keep(t)]
 
 
 def check(tensors):

@@ -65,6 +65,18 @@ result$differences <- c(
 result$initial_change <- largest(template$get_weights(),
                                  make_model()$get_weights())
 
+# The NaN guard, on by default as on TensorFlow: row 20 is in epoch 1,
+# batch 2 (row 3 of it, counted from 0); the weights stay finite.
+result$check_finite <- parallel$check_finite
+bad <- x
+bad[20, 2] <- NA
+result$guard <- tryCatch({
+  parallel |> fit(bad, y, batch_size = 16, shuffle = FALSE, verbose = 0)
+  list(class = "none", message = "")
+}, error = function(e) list(class = class(e), message = conditionMessage(e)))
+result$guard_finite <- all(vapply(parallel$get_weights(),
+                                  function(w) all(is.finite(w)), NA))
+
 # What JAX refuses, as R conditions in R's words.
 refused <- function(...) {
   error <- tryCatch({ multi_gpu_model(make_model(), ...); NULL },

@@ -16,10 +16,10 @@ batches that divide evenly between the devices.
 
 import keras
 
-from multigpu import backends, internals
-from multigpu.arguments import check_flag
+from multigpu import internals
 from multigpu.distribute import inputs
-from multigpu.engines.functional import batch_input_like, callable_graph
+from multigpu.engines.functional import batch_input_like, callable_graph, layer_name
+from multigpu.engines.jax import guard
 from multigpu.engines.jax import mesh as mesh_lib
 from multigpu.engines.template import (
     TemplateLayer,
@@ -27,8 +27,10 @@ from multigpu.engines.template import (
     compile_defaults,
     compile_like_template,
     compile_template_alike,
+    with_callbacks,
 )
 from multigpu.messages import literal, setting
+from multigpu.step import nonfinite
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
@@ -109,18 +111,40 @@ class ShardedModel(TemplateWrapper):
 
     @property
     def check_finite(self):
-        """False: the check for NaN and inf in batches runs on TensorFlow only."""
-        return False
+        """Whether `fit` stops on a batch with NaN or inf (True by default).
+
+        Each training batch is checked on the host before it is placed on
+        the devices (`multigpu.engines.jax.guard`); a bad one raises
+        `NonFiniteInputError` before it changes anything. Set it to False
+        (in R, `model$check_finite <- FALSE`) to train without the check.
+        """
+        return getattr(self, "_check_finite", True)
 
     @check_finite.setter
     def check_finite(self, value):
-        if not check_flag("check_finite", value):
-            return
-        backends.require_backend(
-            "check_finite", "the check traced into TensorFlow's training "
-            "step, which stops on a batch with NaN or inf before it changes "
-            "the weights", written=setting("check_finite", True),
-            otherwise=f"leave {setting('check_finite', False)}")
+        self._check_finite = nonfinite.check_finite_flag(value)
+
+    def _position(self):
+        """The `nonfinite.Position` callback every `fit` gets, made once."""
+        return internals.untracked(self, "_fit_position",
+                                   make=nonfinite.Position)
+
+    def _checked(self, state, iterator):
+        """The batches of one call of the train function, checked if on.
+
+        A bad batch leaves `state`, the state before the call, to be put
+        back into the variables when `fit` ends.
+        """
+        if not self.check_finite:
+            return iterator
+        try:
+            return guard.checked_batches(
+                iterator, max(int(self.steps_per_execution or 1), 1),
+                self._position(), [layer_name(t) for t in self.inputs],
+                list(self.output_names))
+        except nonfinite.NonFiniteInputError:
+            internals.hold_jax_state(self, state)
+            raise
 
     # Keras's own attribute, which its JAX trainer reads to `jax.jit` the
     # whole step (the batch is split inside it), in place of the
@@ -154,9 +178,15 @@ class ShardedModel(TemplateWrapper):
 
     def fit(self, *args, **kwargs):
         compile_like_template(self)
-        return inputs.checked_call(
-            self, "fit", lambda *a, **k: keras.Model.fit(self, *a, **k),
-            args, kwargs)
+        position = self._position()
+        args, kwargs = with_callbacks(self, args, kwargs, [position])
+        try:
+            return inputs.checked_call(
+                self, "fit", lambda *a, **k: keras.Model.fit(self, *a, **k),
+                args, kwargs)
+        finally:
+            # A failed `fit` ends without `on_train_end`.
+            position.clear()
 
     # Keras's steps on the whole batch: the template layer splits it, and
     # everything a step returns is made whole on every device again.
@@ -175,7 +205,8 @@ class ShardedModel(TemplateWrapper):
     # where it divides) and the state whole on every device.
 
     def make_train_function(self, force=False):
-        return self._fed("train_function", keras.Model.make_train_function, force)
+        return self._fed("train_function", keras.Model.make_train_function,
+                         force, self._checked)
 
     def make_test_function(self, force=False):
         return self._fed("test_function", keras.Model.make_test_function, force)
@@ -184,26 +215,30 @@ class ShardedModel(TemplateWrapper):
         return self._fed("predict_function", keras.Model.make_predict_function,
                          force)
 
-    def _fed(self, attribute, make, force):
+    def _fed(self, attribute, make, force, checked=None):
         """Keras's step function `attribute`, fed batches on every device."""
         before = getattr(self, attribute)
         make(self, force)
         function = getattr(self, attribute)
         if function is not None and function is not before:
-            function = _fed(function, self.mesh)
+            function = _fed(function, self.mesh, checked)
             setattr(self, attribute, function)
         return function
 
 
-def _fed(function, mesh):
+def _fed(function, mesh, checked=None):
     """`function(state, iterator)` on a replicated state and placed batches.
 
     The state's arrays are whole on every device (`mesh.keep_replicated`),
     so one compiled step serves every epoch, the first step after metrics
-    were reset included; each batch is placed by `mesh.put_batch`.
+    were reset included; each batch is placed by `mesh.put_batch`, after
+    `checked` (a function of the state and the iterator, the NaN/inf
+    guard) when given.
     """
 
     def fed(state, iterator):
+        if checked is not None:
+            iterator = checked(state, iterator)
         return function(mesh_lib.keep_replicated(state, mesh),
                         (mesh_lib.put_batch(batch, mesh) for batch in iterator))
 

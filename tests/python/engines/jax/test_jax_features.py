@@ -185,9 +185,6 @@ REFUSED = {
     "multigpu.find_batch_size() with trial=True":
         lambda tmp: multigpu.find_batch_size(
             normalized_mlp(), gpus=2, device_memory=2**20, trial=True),
-    "check_finite=True": lambda tmp: setattr(
-        multigpu.multi_gpu_model(normalized_mlp(), gpus=2), "check_finite",
-        True),
 }
 
 
@@ -211,8 +208,3 @@ def test_the_refusal_reads_in_r_for_r_users():
                               "\"tensorflow\" only, and Keras runs on \"jax\"")
     assert message.endswith("call keras3::use_backend(\"tensorflow\") before "
                             "Keras is first used in the R session.")
-    parallel = multigpu.multi_gpu_model(normalized_mlp(), gpus=2)
-    parallel.check_finite = False  # the JAX engine's setting: accepted
-    with language("r"), pytest.raises(backends.UnsupportedBackendError,
-                                      match="otherwise leave check_finite = FALSE"):
-        parallel.check_finite = True
