@@ -109,6 +109,8 @@ class ShardedModel(TemplateWrapper):
         """Always True: BatchNormalization sees the whole batch's statistics."""
         return True
 
+    _check_finite = True
+
     @property
     def check_finite(self):
         """Whether `fit` stops on a batch with NaN or inf (True by default).
@@ -118,7 +120,7 @@ class ShardedModel(TemplateWrapper):
         `NonFiniteInputError` before it changes anything. Set it to False
         (in R, `model$check_finite <- FALSE`) to train without the check.
         """
-        return getattr(self, "_check_finite", True)
+        return self._check_finite
 
     @check_finite.setter
     def check_finite(self, value):
