@@ -1,6 +1,6 @@
 """The mirrored engine against Keras's own `fit` under MirroredStrategy by hand.
 
-    python -m bench.mirrored_vs_hand --rounds 12 --output docs/bench/mirrored-vs-hand
+    python -m bench.mirrored_vs_hand --rounds 24 --steps 32 --output docs/bench/mirrored-vs-hand
 
 The target: `multi_gpu_model(model, gpus=n, engine="mirrored")` trains at
 least as fast as the script a user writes from the Keras guide, a
@@ -315,8 +315,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="3 rounds of 2-step epochs: a smoke run")
     parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=8,
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=32,
                         help="steps per epoch")
     parser.add_argument("--rows-per-replica", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2,
