@@ -94,6 +94,16 @@ def test_srun_two_tasks_train_as_one_cluster_like_one_process(slurm, tmp_path):
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def _assert_tasks_trained_as_one_process(runs, weights, epochs):
+    """Both tasks hold the same weights, one process's on the same batches."""
+    for first, second in zip(*weights):
+        np.testing.assert_array_equal(first, second)
+    reference, _ = one_process_reference(
+        runs[0]["initial"], runs[0]["global_batch"], epochs)
+    for got, want in zip(weights[0], reference.get_weights()):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def _train_until_killed(command, kill_at_epoch):
     """Runs the step; SIGKILLs task 1 when it begins `kill_at_epoch`.
 
@@ -143,12 +153,7 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
         # while the chief was still writing epoch 1's), not from scratch.
         assert run["epochs_run"][0] in (1, 2), output + result.stdout
         assert run["epochs_run"][-1] == 3
-    for first, second in zip(*weights):
-        np.testing.assert_array_equal(first, second)
-    reference, _ = one_process_reference(
-        runs[0]["initial"], runs[0]["global_batch"], 4)
-    for got, want in zip(weights[0], reference.get_weights()):
-        np.testing.assert_allclose(got, want, atol=1e-5)
+    _assert_tasks_trained_as_one_process(runs, weights, epochs=4)
 
 
 # A job that outlives its time limit: Slurm warns it with SIGUSR1 before the
@@ -253,9 +258,4 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken
                                        err_msg=name)
     runs, weights = _runs(tmp_path)
     assert [run["restarts"] for run in runs] == [1, 1]
-    for first, second in zip(*weights):
-        np.testing.assert_array_equal(first, second)
-    reference, _ = one_process_reference(
-        runs[0]["initial"], runs[0]["global_batch"], 4)
-    for got_weight, want_weight in zip(weights[0], reference.get_weights()):
-        np.testing.assert_allclose(got_weight, want_weight, atol=1e-5)
+    _assert_tasks_trained_as_one_process(runs, weights, epochs=4)
