@@ -15,7 +15,11 @@ variables) instead of this launcher; see docs/cluster.md.
 A worker that dies takes the others down at once: TensorFlow workers whose
 peers are gone wait in their collectives (for over 10 minutes, ignoring
 SIGTERM), so the launcher kills the rest with SIGKILL and exits with the
-failed worker's code and a message naming it. Every worker must also join
+failed worker's code and a message naming it. SIGUSR1 and SIGUSR2 sent to
+the launcher go to every worker (a scheduler's warning before a time
+limit, on which `checkpoint_callbacks` save); workers that then exit with
+status 75 have saved, and the launcher waits for them all and exits with
+75 too. Every worker must also join
 the cluster within `--startup-timeout` seconds (`multi_worker_strategy()`
 reports when it has), or all are killed.
 """
@@ -34,11 +38,23 @@ import threading
 import time
 
 from multigpu.arguments import check_int
+from multigpu.checkpoints.preemption import PREEMPTED_EXIT_STATUS
 from multigpu.cluster.readiness import READY_DIR_VARIABLE, not_ready
 from multigpu.messages import literal
 
 _POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1
+# Signals the command-line launcher passes on to every worker: a
+# scheduler's warning before it stops the job (Slurm's `--signal=B:USR1@90`
+# goes to the batch shell, which the launcher is when the script `exec`s
+# it), for the workers' `checkpoint_callbacks` to save on.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# How long the others may take to exit once one worker has stopped with
+# PREEMPTED_EXIT_STATUS: they have saved and are on their way out (the
+# chief may still be asking Slurm to requeue the job).
+_PREEMPTED_GRACE_SECONDS = 60.0
+# The workers of the run in progress, for the forwarding handler.
+_RUNNING = []
 
 
 def free_ports(count, host="127.0.0.1"):
@@ -160,6 +176,15 @@ def _watch(workers, ready_dir, startup_timeout, timeout, stopped_timeout):
         _stopped_since(workers, stopped, elapsed)
         codes = [w.process.poll() for w in workers]
         failed = [(w, c) for w, c in zip(workers, codes) if c not in (None, 0)]
+        if failed and failed[0][1] == PREEMPTED_EXIT_STATUS:
+            _wait_for_exits(workers, _PREEMPTED_GRACE_SECONDS)
+            raise LaunchError(
+                f"worker {failed[0][0].index} exited with code "
+                f"{PREEMPTED_EXIT_STATUS}, as checkpoint_callbacks do after "
+                "a preemption signal once the training state is saved; run "
+                "the same command again to resume.",
+                PREEMPTED_EXIT_STATUS,
+            )
         if failed:
             worker, code = failed[0]
             cause = "".join(
@@ -207,6 +232,25 @@ def _watch(workers, ready_dir, startup_timeout, timeout, stopped_timeout):
                 124,
             )
         time.sleep(_POLL_SECONDS)
+
+
+def _wait_for_exits(workers, seconds):
+    """Waits up to `seconds` for every worker to exit by itself."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(w.process.poll() is not None for w in workers):
+            return
+        time.sleep(_POLL_SECONDS)
+
+
+def _forward(signum, frame):
+    """Passes `signum` on to every running worker's process group."""
+    for worker in list(_RUNNING):
+        if worker.process.poll() is None:
+            try:
+                os.killpg(worker.process.pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 def _check_seconds(name, value, zero_means):
@@ -319,9 +363,11 @@ def launch_command(command, workers=2, startup_timeout=120.0, timeout=None,
                 running.append(_Worker(index, command, env, lock))
             for worker in running:
                 worker.start_streaming()
+            _RUNNING[:] = running
             _watch(running, ready_dir, startup_timeout, timeout,
                    stopped_timeout)
         finally:
+            _RUNNING.clear()
             for worker in running:
                 worker.kill()
             for worker in running:
@@ -380,6 +426,8 @@ def main(argv=None):
                      "(python -m multigpu.launch --workers 2 -- Rscript "
                      "train.R)")
     signal.signal(signal.SIGTERM, _on_signal)
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, _forward)
     try:
         if command is not None:
             return launch_command(command, options.workers,

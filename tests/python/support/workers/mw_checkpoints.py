@@ -1,10 +1,13 @@
 """Multi-worker training with checkpoints every 2 batches; resumable.
 
 Usage: python -m multigpu.launch --workers 2 mw_checkpoints.py CKPT OUT_DIR
-           [--kill-worker INDEX --at-step STEP]
+           [--kill-worker INDEX --at-step STEP] [--warn-launcher-at-step STEP]
 
 With --kill-worker, that worker SIGKILLs itself after global step STEP (the
-launcher then stops the others); run again without it to resume.
+launcher then stops the others); run again without it to resume. With
+--warn-launcher-at-step, worker 0 sends its parent, the launcher, SIGUSR1
+after global step STEP, as Slurm warns a batch shell before its time
+limit.
 """
 
 import argparse
@@ -32,6 +35,16 @@ class KillAt(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class WarnParentAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            os.kill(os.getppid(), signal.SIGUSR1)
+
+
 def build():
     keras.utils.set_random_seed(1234)
     model = mlp()
@@ -46,6 +59,7 @@ def main():
     parser.add_argument("--kill-worker", type=int)
     parser.add_argument("--at-step", type=int)
     parser.add_argument("--save-freq", default="2")
+    parser.add_argument("--warn-launcher-at-step", type=int)
     options = parser.parse_args()
     save_freq = options.save_freq
     save_freq = int(save_freq) if save_freq.isdigit() else save_freq
@@ -59,6 +73,8 @@ def main():
                                               save_freq=save_freq)
     if options.kill_worker == index:
         callbacks.append(KillAt(options.at_step))
+    if options.warn_launcher_at_step and index == 0:
+        callbacks.append(WarnParentAt(options.warn_launcher_at_step))
     multigpu.fit_distributed(model, data, epochs=EPOCHS, verbose=0,
                              callbacks=callbacks)
     np.savez(os.path.join(options.out_dir, f"weights-{index}.npz"),
