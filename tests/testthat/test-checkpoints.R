@@ -145,11 +145,13 @@ test_that("an Rscript job warned before its time limit requeues itself and ends 
   job <- file.path(dir, "job.sh")
   writeLines(c("#!/bin/bash", paste(
     "exec", shQuote(rscript), "--vanilla", shQuote(worker),
-    shQuote(file.path(dir, "ckpt")), shQuote(file.path(dir, "requeued.rds")), "6")), job)
+    shQuote(file.path(dir, "ckpt")), shQuote(file.path(dir, "requeued.rds")), "9")), job)
   log <- file.path(dir, "job.log")
-  # Warned 50 s before a 2-minute limit; the first allocation cannot finish.
+  # Warned 60 s before a 3-minute limit (delivered 90 to 150 s after the
+  # start: time for a loaded machine to start R); 24 steps of 9 s cannot
+  # finish in the first allocation.
   submitted <- run_command("sbatch", c(
-    "--parsable", "--time=2", "--requeue", "--signal=B:USR1@50",
+    "--parsable", "--time=3", "--requeue", "--signal=B:USR1@60",
     "--open-mode=append", paste0("--output=", log), shQuote(job)))
   expect_identical(attr(submitted, "status"), 0L, info = paste(submitted, collapse = "\n"))
   job_id <- sub(";.*", "", submitted[[1]])

@@ -157,11 +157,13 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
 
 
 # A job that outlives its time limit: Slurm warns it with SIGUSR1 before the
-# limit (here 2 min, warned 50 s before, which Slurm delivers to within
-# about 30 s); checkpoint_callbacks save after the batch in progress and
-# requeue the job, which starts again once Slurm's requeue delay
-# (`cred_expire` in slurm.conf) has passed and resumes. The first allocation
-# is slowed (`--slow-until-requeued`) so that it cannot finish in time.
+# limit (here 3 min, warned 60 s before, which Slurm delivers to within
+# about 30 s: 90 to 150 s after the start, time for a loaded machine to
+# start Python or R and reach the callbacks); checkpoint_callbacks save
+# after the batch in progress and requeue the job, which starts again once
+# Slurm's requeue delay (`cred_expire` in slurm.conf) has passed and
+# resumes. The first allocation is slowed (`--slow-until-requeued`, about
+# 215 s of steps) so that it cannot finish in time.
 REQUEUE_TIMEOUT = 600
 
 
@@ -171,7 +173,7 @@ def _sbatch(tmp_path, name, options, command):
     job_script.write_text("#!/bin/bash\n" + command + "\n")
     log = tmp_path / f"{name}.log"
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--time=2", "--requeue",
+        ["sbatch", "--parsable", "--time=3", "--requeue",
          "--open-mode=append", f"--output={log}", *options, str(job_script)],
         env=_env(), capture_output=True, text=True, timeout=60, check=True)
     return submitted.stdout.strip().split(";")[0], log
@@ -202,7 +204,7 @@ def _single_task(tmp_path, name, path, backend):
     return f"export KERAS_BACKEND={backend}\nexec " + subprocess.list2cmdline([
         sys.executable, "-u", script("resume_exact.py"), path, "epoch",
         str(tmp_path / f"{name}-ckpt"), str(tmp_path / f"{name}.npz"),
-        "--slow-until-requeued", "8"])
+        "--slow-until-requeued", "12"])
 
 
 def _unbroken(tmp_path, path, backend):
@@ -218,20 +220,20 @@ def _unbroken(tmp_path, path, backend):
 
 def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken_weights(
         slurm, tmp_path):
-    # Two tasks of an srun step, each warned: `--signal=USR1@50`.
+    # Two tasks of an srun step, each warned: `--signal=USR1@60`.
     cluster = subprocess.list2cmdline([
         "srun", "--kill-on-bad-exit=1", sys.executable, "-u", TRAIN,
         str(tmp_path), "--epochs", "4", "--checkpoints",
-        str(tmp_path / "cluster-ckpt"), "--slow-until-requeued", "6"])
+        str(tmp_path / "cluster-ckpt"), "--slow-until-requeued", "9"])
     jobs = {
-        # One task, the script exec'd as the batch shell: `--signal=B:USR1@50`.
-        "single": _sbatch(tmp_path, "single", ["--signal=B:USR1@50"],
+        # One task, the script exec'd as the batch shell: `--signal=B:USR1@60`.
+        "single": _sbatch(tmp_path, "single", ["--signal=B:USR1@60"],
                           _single_task(tmp_path, "single", "mirrored",
                                        "tensorflow")),
-        "single_jax": _sbatch(tmp_path, "single_jax", ["--signal=B:USR1@50"],
+        "single_jax": _sbatch(tmp_path, "single_jax", ["--signal=B:USR1@60"],
                               _single_task(tmp_path, "single_jax", "jax",
                                            "jax")),
-        "cluster": _sbatch(tmp_path, "cluster", ["-n2", "--signal=USR1@50"],
+        "cluster": _sbatch(tmp_path, "cluster", ["-n2", "--signal=USR1@60"],
                            cluster),
     }
     # Meanwhile, the single-task scripts uninterrupted, outside Slurm.
