@@ -38,8 +38,11 @@ BACKEND_TOLERANCE = 1e-5
 # The logical CPU devices of the TensorFlow process, as the test set-up
 # gives every pytest process (tests/python/conftest.py).
 NUM_DEVICES = 4
-# Bounds a wedged TensorFlow process: far above a normal run (about 30 s),
-# far below "hangs forever".
+# Bounds a wedged TensorFlow process: how long it may go without writing a
+# record, far above a normal scenario's run (about 30 s; minutes on a
+# loaded CI machine, where the process runs at nice 10), far below "hangs
+# forever". It runs the scenarios one after another, so the deadline
+# counts from its last record, not from its start.
 RUN_TIMEOUT = 600
 TESTS_PYTHON = pathlib.Path(__file__).resolve().parents[1]
 
@@ -91,7 +94,7 @@ class TensorFlowRuns:
             [sys.executable, "-m", "support.scenario_backends", str(self.output),
              str(self.workdir), *names],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.started = time.monotonic()
+        self.progressed = time.monotonic()
         self.records = {}
 
     def record(self, name):
@@ -110,9 +113,9 @@ class TensorFlowRuns:
                 assert name in self.records, (
                     f"the TensorFlow process ended (exit {self.process.returncode}) "
                     f"without a record of {name}:\n{self._log_tail()}")
-            assert time.monotonic() - self.started < RUN_TIMEOUT, (
-                f"no TensorFlow record of {name} after {RUN_TIMEOUT} s:\n"
-                f"{self._log_tail()}")
+            assert time.monotonic() - self.progressed < RUN_TIMEOUT, (
+                f"no TensorFlow record of {name}, nor of any other scenario, "
+                f"for {RUN_TIMEOUT} s:\n{self._log_tail()}")
             time.sleep(0.2)
         record = self.records[name]
         assert "failure" not in record, (
@@ -125,7 +128,9 @@ class TensorFlowRuns:
         # A line is whole once its newline is written.
         for line in self.output.read_text().split("\n")[:-1]:
             entry = from_json(line)
-            self.records.setdefault(entry["name"], entry["record"])
+            if entry["name"] not in self.records:
+                self.records[entry["name"]] = entry["record"]
+                self.progressed = time.monotonic()
 
     def _log_tail(self):
         self.log.flush()
