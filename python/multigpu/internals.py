@@ -712,3 +712,25 @@ def hold_jax_state(model, state):
     """
     model._jax_state = dict(zip(_JAX_STATE_PARTS, state))
     model._jax_state_synced = False
+
+
+def set_variable_layout(variable, layout):
+    """Gives a Keras variable on JAX a layout, and moves its value there.
+
+    Keras reads a variable's layout (`_layout`) when it creates it, in a
+    distribution's scope, and every later assignment puts the value where
+    the layout says; it has no public way to give an existing variable
+    one. `model_parallel` on JAX (`multigpu.partition.jax_sharding`) needs
+    one for variables made outside its scope (an optimizer or a metric made
+    before `compile`), which would otherwise stay on one device.
+
+    Args:
+        variable: A `keras.Variable` on the JAX backend.
+        layout: A `keras.distribution.TensorLayout` (or a
+            `jax.sharding.Sharding`).
+
+    Example:
+    >>> set_variable_layout(optimizer.iterations, replicated_layout)
+    """
+    variable._layout = layout
+    variable.assign(variable.value)

@@ -232,8 +232,10 @@ def _carry_layer_state(ours, theirs):
     store = {}
     ours.save_own_variables(store)
     # Values, not the variables themselves: the copy's may live under a
-    # strategy and must not read the model's on every step.
-    store = {key: internals.stored_value(value).numpy()
+    # strategy and must not read the model's on every step. NumPy arrays,
+    # which every backend assigns (a JAX array on one device would keep
+    # its placement into a copy laid out across several).
+    store = {key: np.asarray(internals.stored_value(value))
              if isinstance(value, keras.Variable) else value
              for key, value in store.items()}
     try:

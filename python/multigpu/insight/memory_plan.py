@@ -72,6 +72,10 @@ class MemoryPlan:
         fits: Whether `total` fits every reporting device's memory; None
             when no device reports it.
         notes: What the numbers mean, one sentence each.
+        per_device: For a model whose weights are split across devices
+            (`model_parallel` on JAX): `{device: {entry: bytes}}`, each
+            device's own entries; the plan's entries are the largest
+            device's. None otherwise (every device holds the same).
 
     Example:
     >>> plan = multigpu.memory_plan(model, batch_size=256, gpus=4,
@@ -79,6 +83,8 @@ class MemoryPlan:
     >>> plan["optimizer"] == 2 * plan["weights"] + 12   # m, v, iterations, lr
     True
     """
+
+    per_device = None
 
     def __init__(self, entries, batch_size, per_replica_batch, devices,
                  device_memory, notes):
@@ -109,6 +115,8 @@ class MemoryPlan:
             "device_memory": dict(self.device_memory),
             "fits": self.fits,
             "notes": list(self.notes),
+            **({} if self.per_device is None else {"per_device": {
+                d: dict(e) for d, e in self.per_device.items()}}),
         }
 
     def table(self):
@@ -121,6 +129,9 @@ class MemoryPlan:
             "replica); bytes on each device",
             *text_table(("entry", "size", "bytes"), rows),
         ]
+        for device, entries in (self.per_device or {}).items():
+            lines.append(f"{device}: " + ", ".join(
+                f"{name} {format_bytes(entries[name])}" for name in ENTRIES))
         for device, memory in self.device_memory.items():
             if memory is None:
                 lines.append(f"{device}: memory not reported by {_runtime()}")
@@ -408,6 +419,10 @@ def memory_plan(model, batch_size, gpus=None, optimizer=None, device_memory=None
     batch_size = arguments.check_int(
         "batch_size", batch_size, 1, "the global batch, a whole number >= 1")
     memory = _check_memory(device_memory)
+    # A model whose weights are split across devices (`model_parallel` on
+    # JAX) says itself what each device holds.
+    if getattr(model, "bytes_by_device", None) is not None:
+        return _plan_by_device(model, batch_size, gpus, optimizer, memory)
     devices = resolve_devices(gpus)
     _template(model)
     rows = math.ceil(batch_size / len(devices))
@@ -425,6 +440,42 @@ def memory_plan(model, batch_size, gpus=None, optimizer=None, device_memory=None
         notes.append(f"{_runtime()} does not report these devices' memory "
                      "(CPU devices); pass device_memory to compare.")
     return MemoryPlan(entries, batch_size, rows, devices, reported, notes)
+
+
+def _plan_by_device(model, batch_size, gpus, optimizer, memory):
+    """`memory_plan` of a model whose weights are split across its devices.
+
+    Weights, gradients and the optimizer's variables are each device's
+    shards (`model.bytes_by_device`, on a fresh optimizer); the
+    activations are the whole batch's, which every device computes on.
+    """
+    if gpus is not None and resolve_devices(gpus) != list(model.devices):
+        raise ValueError(
+            f"Invalid `gpus`: received {messages.literal(gpus)}, but the "
+            f"weights of {messages.literal(model.name)} are split across "
+            f"{messages.literal(list(model.devices))}. Leave "
+            f"{messages.setting('gpus', None)} to plan for those devices.")
+    fresh = _unbuilt_optimizer(optimizer, _template(model), model)
+    activations = activation_bytes(model, batch_size)
+    per_device = {}
+    for device, held in model.bytes_by_device(fresh).items():
+        held = dict(held, activations=activations)
+        per_device[device] = dict(held, total=sum(held.values()))
+    largest = max(per_device.values(), key=lambda entries: entries["total"])
+    reported = {d: memory if memory is not None else _reported_memory(d)
+                for d in per_device}
+    notes = [
+        "The weights are split across the devices: each holds its shards "
+        "of the weights, of their gradients and of the optimizer's slots "
+        "(read from the shards), and every device computes on the whole "
+        "batch (its activations estimated from the traced forward pass, "
+        "an upper estimate: XLA splits those of split layers too). The "
+        "entries are the largest device's; per_device has each one's.",
+    ]
+    plan = MemoryPlan(largest, batch_size, batch_size, list(per_device),
+                      reported, notes)
+    plan.per_device = per_device
+    return plan
 
 
 def _device_memory_or_fail(devices, memory):

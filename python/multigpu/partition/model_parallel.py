@@ -17,7 +17,7 @@ from multigpu import devices as devices_lib
 from multigpu.arguments import check_int, is_int
 from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.functional import layer_name, symbolic_graph
+from multigpu.engines.functional import callable_graph, layer_name, symbolic_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateWrapper, built_like
 from multigpu.messages import api, literal, setting
@@ -269,13 +269,23 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     """
     backends.require_backend(
         "model_parallel", "TensorFlow's device placement (tf.device), which "
-        "puts each stage's weights and operations on its device")
-    symbolic_graph(model)
-    check_standard_steps(model, "model_parallel")
-    strategy_lib.check_outside_strategies("model_parallel")
+        "puts each stage's weights and operations on its device, or JAX's "
+        "sharding of the weights", backend=("tensorflow", "jax"))
     microbatches = check_int("microbatches", microbatches, 1, expected=(
         "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "
         "that overlap across stages)"))
+    if backends.is_jax():
+        # Imported here: the JAX path runs none of the stages' TensorFlow code.
+        from multigpu.partition import jax_sharding
+
+        callable_graph(model)
+        check_standard_steps(model, "model_parallel")
+        jax_sharding.check_pipeline_arguments(split, microbatches)
+        return jax_sharding.model_parallel(
+            model, devices_lib.resolve_devices(devices))
+    symbolic_graph(model)
+    check_standard_steps(model, "model_parallel")
+    strategy_lib.check_outside_strategies("model_parallel")
     devices = _resolve_model_devices(devices, split)
     stages = resolve_stages(model, len(devices), split)
     StagePlan(model, stages, devices)  # reject uncuttable splits before copying
