@@ -93,8 +93,9 @@ $(R_STAMP):
 	Rscript -e 'library(keras3); library(tfdatasets); stopifnot(packageVersion("reticulate") >= "1.42")'
 	touch $@
 
-# Every step CI runs; each step can also be run alone. After set-up, lint
-# and the R package's tarball, every step at the same time in one pool: the
+# Every step CI runs; each step can also be run alone. After set-up, lint,
+# the R package's tarball and the local Slurm (which two steps use), every
+# step at the same time in one pool: the
 # Python suite's two workers leave a core idle for a tenth of their time
 # (tests waiting on processes and timers) and the R check is one R process
 # for minutes, so steps run one after another leave cores idle. The Python
@@ -107,6 +108,7 @@ $(R_STAMP):
 BESIDE_NICE := nice -n 10 $(MAKE) --no-print-directory
 test: setup lint
 	$(MAKE) --no-print-directory r-tarball
+	$(MAKE) --no-print-directory slurm-up
 	bash .ci/beside.sh "$(MAKE) --no-print-directory test-python" \
 	  "$(MAKE) --no-print-directory test-r-check" \
 	  "$(BESIDE_NICE) docs" \
@@ -137,10 +139,11 @@ test-python: setup-python slurm-up
 
 # The JAX engine's tests, in a pytest process of their own: Keras chooses
 # its backend once per process, at import (test-python leaves them out).
+# Two of its workers join across processes under Slurm's srun (slurm-up).
 # The shared scenarios that name JAX run there too, each compared with its
 # run on TensorFlow, which one child process of that pytest makes meanwhile
 # (tests/python/engines/jax/test_jax_scenarios.py).
-test-python-jax: setup-python
+test-python-jax: setup-python slurm-up
 	$(START)
 	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
 	$(END)

@@ -7,8 +7,11 @@ starts `train.py` (or, after `--`, any command) N times, each with a
 `TF_CONFIG` describing a cluster of N workers on free loopback ports and its
 own task index, and streams their output prefixed with `[worker i]`. The
 script creates its strategy with `multigpu.multi_worker_strategy()` (in R:
-`multi_worker_strategy()`) and trains with `fit_distributed`; on a real
-cluster the same script runs unchanged, one copy per machine, started by the
+`multi_worker_strategy()`) and trains with `fit_distributed`; on Keras's
+JAX backend, `import multigpu` joins the workers instead and
+`multi_gpu_model(model, gpus=None)` spans every worker's devices
+(`multigpu.engines.jax.processes`). On a real cluster the same script runs
+unchanged, one copy per machine, started by the
 cluster manager (Kubernetes sets `TF_CONFIG`, Slurm's `srun` its step
 variables) instead of this launcher; see docs/cluster.md.
 
@@ -274,8 +277,8 @@ def launch(script, script_args=(), workers=2, startup_timeout=120.0,
         script_args: Arguments passed to every worker's script.
         workers: Number of worker processes, an int >= 1.
         startup_timeout: Seconds every worker has to join the cluster
-            (return from `multigpu.multi_worker_strategy()`); 0 or None to
-            wait forever.
+            (return from `multigpu.multi_worker_strategy()`, or on JAX from
+            `import multigpu`); 0 or None to wait forever.
         timeout: Seconds the whole run may take; None for no limit.
         host: Address the workers listen on.
         stopped_timeout: Seconds a worker may stay stopped (SIGSTOP) before

@@ -17,6 +17,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# Fixtures every folder's tests use: `slurm` (a working local Slurm).
+pytest_plugins = ("support.slurm",)
+
 
 @pytest.fixture(autouse=True)
 def _seeded():

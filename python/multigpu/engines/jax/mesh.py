@@ -16,6 +16,7 @@ compiled step serves every epoch.
 import jax
 import numpy as np
 
+from multigpu.engines.jax import processes
 from multigpu.messages import literal
 
 BATCH_AXIS = "batch"
@@ -55,12 +56,17 @@ def device_mesh(devices):
     Returns:
         A `jax.sharding.Mesh`.
 
+    Raises:
+        ValueError: when the devices leave a process of a job of several
+            out (`processes.check_devices_span_processes`).
+
     Example:
     >>> device_mesh(["/device:CPU:0", "/device:CPU:1"]).shape
     {'batch': 2}
     """
-    return jax.sharding.Mesh(np.array([jax_device(d) for d in devices]),
-                             (BATCH_AXIS,))
+    found = [jax_device(d) for d in devices]
+    processes.check_devices_span_processes(devices, found)
+    return jax.sharding.Mesh(np.array(found), (BATCH_AXIS,))
 
 
 def replicated(mesh):
@@ -161,6 +167,9 @@ def put_batch(tree, mesh):
     leaves, structure = jax.tree.flatten(tree)
     shardings = [split if np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
                  else whole for value in leaves]
+    if processes.is_joined():
+        return jax.tree.unflatten(structure,
+                                  processes.put_global(leaves, shardings))
     # One transfer call for every array of the batch.
     return jax.tree.unflatten(structure, jax.device_put(leaves, shardings))
 
@@ -201,4 +210,5 @@ def replicate_variables(variables, mesh):
     """
     sharding = replicated(mesh)
     for variable in variables:
-        variable.assign(jax.device_put(variable.value, sharding))
+        with processes.same_weights(variable):
+            variable.assign(jax.device_put(variable.value, sharding))

@@ -1,0 +1,94 @@
+"""JAX across processes: workers started by the launcher train as one process.
+
+Each worker runs `support/workers/jax_processes.py`, the script one machine
+runs: two logical CPU devices of its own, `multi_gpu_model(model,
+gpus=None)` over every worker's devices, the same data. The weights,
+losses and predictions of every worker must equal one process training
+the same model on as many devices (this pytest process's four), on
+batches that split evenly, unevenly and leave devices without rows; under
+the launcher and under Slurm's `srun -n 2` alike.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from multigpu import launch
+from support.slurm import python_path_env
+from support.worker_scripts import RUN_TIMEOUT, WORKERS, script
+
+sys.path.insert(0, WORKERS)
+from jax_processes_model import fit_and_predict
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    """The run on this process's 4 devices, which every worker must equal."""
+    weights, losses, predictions = fit_and_predict(gpus=4)
+    return weights, np.asarray(losses), predictions
+
+
+def _results(out, index):
+    with np.load(f"{out}-{index}.npz") as saved:
+        weights = [saved[f"arr_{i}"] for i in range(len(saved.files) - 2)]
+        return weights, saved["history"], saved["predictions"]
+
+
+def _assert_trained_as_one_process(out, printed, one_process):
+    for index in (0, 1):
+        # Joined: each sees the job's 4 devices, 2 of them its own.
+        assert f"process {index} of 2, devices 4 (2 here)" in printed
+    weights, losses, predictions = one_process
+    for index in (0, 1):
+        got_weights, got_losses, got_predictions = _results(out, index)
+        assert len(got_weights) == len(weights)
+        for got, want in zip(got_weights, weights, strict=True):
+            np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+        np.testing.assert_allclose(got_losses, losses, atol=TOL, rtol=0)
+        np.testing.assert_allclose(got_predictions, predictions, atol=TOL, rtol=0)
+
+
+def test_two_workers_of_the_launcher_train_as_one_process_on_every_batch_shape(
+        tmp_path, one_process, capfd):
+    out = str(tmp_path / "run")
+    assert launch.launch(script("jax_processes.py"), [out], workers=2,
+                         startup_timeout=RUN_TIMEOUT, timeout=RUN_TIMEOUT) == 0
+    _assert_trained_as_one_process(out, capfd.readouterr().out, one_process)
+
+
+def test_two_tasks_of_a_slurm_step_train_as_one_process(slurm, tmp_path, one_process):
+    out = str(tmp_path / "run")
+    result = subprocess.run(
+        ["srun", "-n2", "--kill-on-bad-exit=1", "--time=5", sys.executable, "-u",
+         script("jax_processes.py"), out],
+        env=dict(python_path_env(), KERAS_BACKEND="jax"), capture_output=True,
+        text=True, timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    _assert_trained_as_one_process(out, result.stdout, one_process)
+
+
+def test_workers_whose_batches_differ_stop_with_the_fix(tmp_path, capfd):
+    with pytest.raises(launch.LaunchError) as raised:
+        launch.launch(script("jax_processes.py"), [str(tmp_path / "run"),
+                      "other-batches"], workers=2,
+                      startup_timeout=RUN_TIMEOUT, timeout=RUN_TIMEOUT)
+    assert raised.value.exit_status == 1
+    out = capfd.readouterr().out
+    assert "Process(es) [1] of this job hold another batch than process 0" in out
+    assert "keras.utils.set_random_seed" in out
+    assert not any(os.path.exists(tmp_path / f"run-{i}.npz") for i in (0, 1))
+
+
+def test_a_worker_that_dies_takes_the_other_down_with_its_name(tmp_path, capfd):
+    with pytest.raises(launch.LaunchError) as raised:
+        launch.launch(script("jax_processes.py"), [str(tmp_path / "run"), "dies"],
+                      workers=2, startup_timeout=RUN_TIMEOUT, timeout=RUN_TIMEOUT)
+    assert "worker 1 exited with code 3" in str(raised.value)
+    assert raised.value.exit_status == 3
+    assert "[worker 1] process 1 dies now" in capfd.readouterr().out
+    assert not os.path.exists(tmp_path / "run-0.npz")

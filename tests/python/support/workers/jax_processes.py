@@ -1,0 +1,49 @@
+"""A JAX worker of a job of several processes: the same script as on one machine.
+
+    python jax_processes.py OUT [other-batches | dies]
+
+Two logical CPU devices per process; `multi_gpu_model(model, gpus=None)`
+spans every process's devices. Trains on batches that split evenly,
+unevenly and leave devices without rows, then writes this process's
+weights, history and predictions to `OUT-<process>.npz`. `other-batches`:
+process 1 shuffles with another seed. `dies`: process 1 exits with 3 after
+the first epoch.
+"""
+
+import os
+import sys
+
+os.environ["KERAS_BACKEND"] = "jax"
+
+import _common  # noqa: F401  (quiet, optional packages hidden)
+
+import multigpu
+
+multigpu.virtual_devices(2)
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from jax_processes_model import fit_and_predict  # noqa: E402
+
+out = sys.argv[1]
+mode = sys.argv[2] if len(sys.argv) > 2 else "train"
+index = jax.process_index()
+print(f"process {index} of {jax.process_count()}, devices "
+      f"{len(jax.devices())} ({len(jax.local_devices())} here)", flush=True)
+
+
+class Dies(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if index == 1:
+            print("process 1 dies now", flush=True)
+            os._exit(3)
+
+
+callbacks = [Dies()] if mode == "dies" else []
+shuffle_seed = 2 if mode == "other-batches" and index == 1 else None
+weights, history, predictions = fit_and_predict(
+    None, callbacks=callbacks, shuffle_seed=shuffle_seed)
+np.savez(f"{out}-{index}.npz", *weights, history=np.asarray(history),
+         predictions=predictions)
+print(f"process {index} done", flush=True)
