@@ -205,7 +205,7 @@ slurm-up:
 # paired runner, bench/paired.py).
 BENCH_SIDES := communication fixed_cost kernel_floor blas_split monitor_cost \
 	sync_batchnorm_cost guard_cost zero_row_padding jax_throughput xla \
-	mixed_precision mirrored_vs_hand jax_guard_cost
+	mixed_precision mirrored_vs_hand jax_guard_cost jax_process_placement
 bench: setup-python
 	$(PY) -m bench.lockstep --output docs/bench
 	set -e; for side in $(BENCH_SIDES); do \
