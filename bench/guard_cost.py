@@ -13,7 +13,7 @@ takes training steps in turn of models of the same template and weights:
 * A, guarded (`check_finite=True`), and B, unguarded: the ratio of their
   steps per round, its median and 95% interval; the null is A's twin
   against A, what "no cost" measures in this run;
-* **the guard alone**: `multigpu.step.nonfinite.check` of the same batch and
+* **the guard alone**: `multigpu.step.guard.check` of the same batch and
   identities of what it passes on, in a `tf.function` of its own, paired
   with the same function without it (identities only) and net of it: what
   the check's ops cost without the step around them, free of most of the
@@ -40,13 +40,15 @@ def _guard_alone(x, y, rounds):
     """
     import tensorflow as tf
 
+    from multigpu.step import guard as guard_lib
     from multigpu.step import nonfinite
 
     def leaves(guard):
         @tf.function
         def function(x, y):
-            checked = [t for _, t in nonfinite.checked_leaves(x, y, None)]
-            verdict = [nonfinite.check(checked)] if guard else []
+            checked = [t for _, t in nonfinite.checked_leaves(
+                x, y, None, guard_lib.is_checked)]
+            verdict = [guard_lib.check(checked)] if guard else []
             with tf.control_dependencies(verdict):
                 return [tf.identity(t) for t in checked] or [tf.identity(x)]
 

@@ -10,8 +10,12 @@ error (`check_supported`), and an engine for it would be added beside
 The calls that run on TensorFlow only (its graphs, `tf.distribute`) refuse
 every other backend through one maker, `require_backend`, so that each
 says the same things: the call, the backend that runs, what the call needs
-and how to choose that backend.
+and how to choose that backend, and how to install TensorFlow where this
+Python has none (`tensorflow_missing`: Keras on JAX runs without it).
 """
+
+import importlib.util
+import sys
 
 import keras
 
@@ -20,6 +24,11 @@ from multigpu.messages import api, current_language, literal, literals
 # The backends `multi_gpu_model` has an engine for, in the order the
 # messages name them.
 ENGINE_BACKENDS = ("tensorflow", "jax")
+# What the strategies need of TensorFlow (`require_backend`): said by the
+# strategies and by the calls that take a strategy as an option, on any
+# backend, TensorFlow installed or not.
+TF_DISTRIBUTE = ("TensorFlow's tf.distribute, whose strategies run "
+                 "TensorFlow graphs")
 
 
 class UnsupportedBackendError(RuntimeError):
@@ -69,8 +78,71 @@ def check_supported(call):
     )
 
 
+# How TensorFlow is installed: its CPU and GPU builds are different
+# distributions of one import, each in an extra of the package.
+INSTALL_TENSORFLOW = (
+    "`pip install \"multigpu[cpu]\"` (CPU only) or "
+    "`pip install \"multigpu[gpu]\"` (NVIDIA GPUs, Linux); from a "
+    "checkout, `pip install -e \".[cpu]\"` or `pip install -e \".[gpu]\"`")
+
+
+def tensorflow_installed():
+    """Whether this Python can import TensorFlow (without importing it).
+
+    Example:
+    >>> tensorflow_installed()
+    True
+    """
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"] is not None
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def _install_tensorflow():
+    """How a user installs TensorFlow, in the caller's language."""
+    if current_language() == "r":
+        return ("install it into the Python multigpu uses "
+                "(multigpu::install_multigpu(), or "
+                "reticulate::py_require(\"tensorflow\") before Python starts)")
+    return f"install it with the extra for your hardware: {INSTALL_TENSORFLOW}"
+
+
+def tensorflow_missing(call, written=None):
+    """The error of a call that needs TensorFlow where it cannot be imported.
+
+    Args:
+        call: The public name of the call, e.g. `"mirrored_strategy"`.
+        written: How the call is written instead of `api(call)`, e.g. a
+            class's name (`"multigpu.MirroredModel"`).
+
+    Returns:
+        A `ModuleNotFoundError` (name `"tensorflow"`) naming the call, the
+        backend that runs, how to install TensorFlow and how to choose it.
+
+    Example:
+    >>> raise tensorflow_missing("mirrored_strategy")
+    Traceback (most recent call last):
+    ModuleNotFoundError: multigpu.mirrored_strategy() needs TensorFlow, ...
+    """
+    return ModuleNotFoundError(
+        f"{written or api(call)} needs TensorFlow, which this Python cannot "
+        f"import (Keras runs on {literal(current())}). To use it, "
+        f"{_install_tensorflow()}; then {_choose_installed('tensorflow')}.",
+        name="tensorflow")
+
+
 def _choose(backend):
-    """How a user chooses `backend`, in the caller's language."""
+    """How a user chooses `backend`, in the caller's language.
+
+    For TensorFlow where it is not installed, how to install it first.
+    """
+    if backend == "tensorflow" and not tensorflow_installed():
+        return f"{_install_tensorflow()}, then {_choose_installed(backend)}"
+    return _choose_installed(backend)
+
+
+def _choose_installed(backend):
+    """How a user chooses an installed `backend`, in the caller's language."""
     if current_language() == "r":
         return (f"call keras3::use_backend(\"{backend}\") before Keras is "
                 "first used in the R session")

@@ -5,23 +5,21 @@ Every public function that takes a device argument (`gpus=` of
 value means the same devices everywhere.
 """
 
-import collections
 import dataclasses
-import gc
 import os
 import re
 import warnings
 
-import keras
 import numpy as np
-import tensorflow as tf
 
-from multigpu import backends, internals
+from multigpu import runtime
 from multigpu.arguments import check_int, is_int
-from multigpu.messages import api, current_language, literal, literals, setting
+from multigpu.messages import api, literal, literals, setting
 
-# More logical CPU devices than this many per core only slow a simulation.
-OVERSUBSCRIPTION = 8
+# Decided in `runtime`, kept readable here: more logical CPU devices than
+# this many per core only slow a simulation; the cores this process may use.
+from multigpu.runtime import OVERSUBSCRIPTION, usable_cores  # noqa: F401
+
 # The host's CPU: where Keras hands batches over, and where the replicate
 # engine slices batches and merges outputs unless told otherwise.
 HOST_DEVICE = "/device:CPU:0"
@@ -32,24 +30,13 @@ class DevicesState:
     """What this module keeps for the process.
 
     Attributes:
-        threads_configured: Whether `virtual_devices` configured logical
-            CPU devices (their thread pools are sized once).
-        threads: The `threads` they were configured with (None: default).
         warned: Keys of the warnings given once per process.
     """
 
-    threads_configured: bool = False
-    threads: int | None = None
     warned: set = dataclasses.field(default_factory=set)
 
     def reset(self):
-        """Forgets the warnings given and the threads configured (for tests).
-
-        As a fresh import would; TensorFlow keeps the devices and thread
-        pools it has.
-        """
-        self.threads_configured = False
-        self.threads = None
+        """Forgets the warnings given (for tests), as a fresh import would."""
         self.warned.clear()
 
 
@@ -65,25 +52,6 @@ def _expected():
     f"GPU), an int >= 2 (that many devices), a list of >= 2 distinct GPU ids "
     f"such as {literal([0, 1])}, or a list of >= 2 distinct device names such as "
     f"{literal(['/gpu:0', '/gpu:1'])} or {literal(['/cpu:0', '/cpu:1'])}")
-
-
-def _logical_devices(device_type):
-    """Names of TensorFlow's logical devices of one type (initialises TF)."""
-    return [d.name for d in tf.config.list_logical_devices(device_type)]
-
-
-def _jax_devices(device_type):
-    """Names of JAX's devices of one type, `"/device:CPU:0"`, ... (starts JAX).
-
-    A device's index is its position among JAX's devices of its platform.
-    """
-    import jax
-
-    if device_type == "CPU":
-        found = jax.devices("cpu")
-    else:
-        found = [d for d in jax.devices() if d.platform == "gpu"]
-    return [f"/device:{device_type}:{i}" for i in range(len(found))]
 
 
 # The warnings point at the user's line: Python 3.12 skips this package's
@@ -116,7 +84,7 @@ def available_devices():
     >>> multigpu.available_devices()
     {'GPU': [], 'CPU': ['/device:CPU:0', '/device:CPU:1']}
     """
-    listed = _jax_devices if backends.is_jax() else _logical_devices
+    listed = runtime.of_backend().logical_devices
     return {kind: listed(kind) for kind in ("GPU", "CPU")}
 
 
@@ -437,209 +405,5 @@ def virtual_devices(n, device_type="CPU", memory_limit=None, threads=None):
             "GPU needs the memory of each logical GPU in MiB, e.g. "
             f"{setting('memory_limit', 4096)}."
         )
-    if backends.is_jax():
-        return _jax_virtual_devices(n, device_type, threads)
-    physical = tf.config.list_physical_devices(device_type)
-    if not physical:
-        raise ValueError(
-            f"Invalid `device_type`: received {literal(device_type)} but this "
-            f"machine has no physical {device_type}."
-        )
-    limit = None if memory_limit is None else int(memory_limit)
-    configs = [tf.config.LogicalDeviceConfiguration(memory_limit=limit)] * n
-    names = [f"/device:{device_type}:{i}" for i in range(n)]
-    current = tf.config.get_logical_device_configuration(physical[0]) or []
-    if len(current) == n and all(c.memory_limit == limit for c in current):
-        _warn_if_threads_ignored(n, threads)
-        return names
-    _warn_if_oversubscribed(n, device_type)
-    try:
-        tf.config.set_logical_device_configuration(physical[0], configs)
-    except RuntimeError:
-        _too_late(api('virtual_devices', n), len(current) or 1, device_type,
-                  physical[0].name)
-        tf.config.set_logical_device_configuration(physical[0], configs)
-    if device_type == "CPU" and n > 1:
-        _own_thread_pools(n, threads)
-        STATE.threads_configured, STATE.threads = True, threads
-    return names
-
-
-def _jax_virtual_devices(n, device_type, threads):
-    """`virtual_devices` on the JAX backend: `n` CPU devices for JAX.
-
-    JAX reads `jax_num_cpu_devices` when it starts its backends (at its
-    first operation); afterwards the count is fixed for the process.
-    """
-    import jax
-
-    if device_type != "CPU":
-        raise ValueError(
-            f"Invalid `device_type`: received {literal(device_type)} on the "
-            "JAX backend, which cannot split a GPU into logical GPUs; "
-            f"simulate devices with {setting('device_type', 'CPU')}."
-        )
-    if threads is not None:
-        raise ValueError(
-            f"Invalid `threads`: received {literal(threads)} on the JAX "
-            "backend, where XLA sizes the CPU devices' thread pools itself; "
-            f"leave it {literal(None)}."
-        )
-    names = [f"/device:CPU:{i}" for i in range(n)]
-    _warn_if_oversubscribed(n, device_type)
-    try:
-        jax.config.update("jax_num_cpu_devices", n)
-    except RuntimeError:
-        have = len(jax.devices("cpu"))
-        if have == n:
-            return names
-        raise RuntimeError(
-            f"{api('virtual_devices', n)} came too late: JAX already started, "
-            f"with {have} CPU device(s), and fixes their number for the "
-            f"process. Call {api('virtual_devices', 'n')} first thing, "
-            "before building a model or creating a tensor, or restart the "
-            "session."
-        ) from None
-    return names
-
-
-def objects_on_devices():
-    """What lives on TensorFlow's devices now: tensors, variables, Keras objects.
-
-    Returns:
-        Counts by kind, most common first, such as `"3 tensors"` or
-        `"1 Keras model"`; empty when nothing of the kind exists.
-
-    Example:
-    >>> objects_on_devices()   # in a fresh process
-    []
-    """
-    gc.collect()
-    counts = collections.Counter()
-    eager_tensor = internals.eager_tensor_type()
-    # By type only: the heap holds lazy modules that load on attribute access.
-    for kind in map(type, gc.get_objects()):
-        if issubclass(kind, keras.Model):
-            counts["Keras model"] += 1
-        elif issubclass(kind, keras.Optimizer):
-            counts["Keras optimizer"] += 1
-        elif issubclass(kind, tf.Variable):
-            counts["variable"] += 1
-        elif issubclass(kind, eager_tensor):
-            counts["tensor"] += 1
-    return [f"{count} {noun}{'' if count == 1 else 's'}"
-            for noun, count in counts.most_common()]
-
-
-def restart_unused_tensorflow():
-    """Restarts a started TensorFlow when nothing lives on its devices.
-
-    Something may start TensorFlow before the program configures it: R's
-    keras3, for one, converts a value to a tensor in its load hook on the
-    Python module `keras`, and `import tensorflow` imports keras. When no
-    tensor, variable or Keras model of that start is left, a restart loses
-    nothing, and devices and collective ops can be configured again.
-
-    Returns:
-        What still lives on the devices (see `objects_on_devices`): empty
-        when TensorFlow had not started or was restarted; otherwise the
-        caller explains that it came too late.
-
-    Example:
-    >>> restart_unused_tensorflow()
-    []
-    """
-    if not internals.tensorflow_started():
-        return []
-    alive = objects_on_devices()
-    if not alive:
-        internals.restart_tensorflow()
-    return alive
-
-
-def _too_late(call, have, device_type, physical_name):
-    """Restarts an unused TensorFlow, or raises saying what is in the way."""
-    alive = restart_unused_tensorflow()
-    if not alive:
-        return
-    raise RuntimeError(
-        f"{call} came too late: TensorFlow already started, with {have} "
-        f"logical {device_type} device(s) on {physical_name}, and objects "
-        f"created on those devices still exist ({', '.join(alive)}). Logical "
-        "devices can only be configured while no tensor, variable or model "
-        f"exists: call {api('virtual_devices', 'n')} first thing, before "
-        f"building a model or creating a tensor{first_thing_where()}, or "
-        "restart the session."
-    ) from None
-
-
-def first_thing_where():
-    """Where a call that configures TensorFlow belongs, in the caller's language."""
-    if current_language() == "r":
-        return (" (right after library(keras3) and library(multigpu); remove "
-                "what exists with rm() to reconfigure without a restart)")
-    return " (remove what exists with del to reconfigure without a restart)"
-
-
-def _warn_if_threads_ignored(n, threads):
-    """A repeated call cannot resize the thread pools: say so."""
-    if threads is None or not STATE.threads_configured or (
-            STATE.threads == threads):
-        return
-    warnings.warn(
-        f"{api('virtual_devices', f'{n}, threads={literal(threads)}')} is "
-        f"ignored: the {n} devices already exist with threads="
-        f"{literal(STATE.threads)}, and thread pools are sized once, "
-        "when TensorFlow starts. Pass threads= in the first call (or restart "
-        "the process).",
-        UserWarning, stacklevel=3,
-    )
-
-
-def _warn_if_oversubscribed(n, device_type):
-    cores = usable_cores()
-    if device_type != "CPU" or n <= OVERSUBSCRIPTION * cores:
-        return
-    warnings.warn(
-        f"{api('virtual_devices', literal(n))} creates {n} logical CPU "
-        f"devices on {cores} core(s), more than {OVERSUBSCRIPTION} per core: "
-        "they share the cores, so each replica runs slowly and every device "
-        "costs memory and threads. Simulate a realistic device count (e.g. "
-        f"{api('virtual_devices', literal(min(4, max(2, cores))))}).",
-        UserWarning, stacklevel=3,
-    )
-
-
-def _own_thread_pools(n, threads):
-    """Gives each logical CPU device a compute thread pool of its own.
-
-    By default TensorFlow runs the kernels of all CPU devices in one pool of
-    `cores` threads, so N replicas' small kernels queue for the same threads
-    and each kernel splits across all cores, so N replicas run slower than
-    one device on the whole batch (measured in `docs/benchmarks.md`).
-    `TF_OVERRIDE_GLOBAL_THREADPOOL` makes every device own a pool of the
-    intra-op size, read when TensorFlow creates its devices.
-    """
-    if threads == 0:
-        # Inherited from a parent process that split its own CPU.
-        os.environ.pop("TF_OVERRIDE_GLOBAL_THREADPOOL", None)
-        return
-    os.environ["TF_OVERRIDE_GLOBAL_THREADPOOL"] = "1"
-    program_set = (tf.config.threading.get_intra_op_parallelism_threads()
-                   or os.environ.get("TF_NUM_INTRAOP_THREADS"))
-    if threads is None and program_set:
-        return  # the program's own size, now per device
-    tf.config.threading.set_intra_op_parallelism_threads(
-        int(threads or max(1, usable_cores() // n)))
-
-
-def usable_cores():
-    """The cores this process may run on (its affinity where the OS has it).
-
-    Returns:
-        An int >= 1: `os.sched_getaffinity` on Linux, `os.cpu_count()`
-        elsewhere (macOS and Windows have no affinity call).
-    """
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return runtime.of_backend().virtual_devices(n, device_type, memory_limit,
+                                               threads)

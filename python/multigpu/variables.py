@@ -1,35 +1,37 @@
 """Where a variable lives and how many bytes it holds.
 
 One answer for every report and check of the package: a Keras variable, a
-TensorFlow variable, or a variable mirrored over several devices by a
-`tf.distribute` strategy (one component per device).
+TensorFlow variable, a variable mirrored over several devices by a
+`tf.distribute` strategy (one component per device), or on JAX an array
+replicated or sharded over devices. The backend's runtime
+(`multigpu.runtime`) says where the parts of a value are.
 """
 
+import keras
+import ml_dtypes
 import numpy as np
-import tensorflow as tf
 
+from multigpu import runtime
 from multigpu.devices import canonical_device_name, short_device_name
 
 
 def variable_components(variable):
-    """The per-device TensorFlow variables behind a Keras or TF variable.
+    """The per-device values behind a Keras, TensorFlow or JAX variable.
 
     A variable created under a `tf.distribute` strategy (a MirroredVariable)
-    has one component per device; any other variable has one.
+    has one component per device, as has a JAX array replicated on several;
+    any other variable has one.
 
     Returns:
-        A list of `(device, variable)` pairs, devices as `"/device:TYPE:N"`.
+        A list of `(device, value)` pairs, devices as `"/device:TYPE:N"`.
     """
     handle = getattr(variable, "value", variable)
-    if isinstance(handle, tf.distribute.DistributedValues):
-        parts = list(handle.values)
-    else:
-        parts = [handle]
-    return [(short_device_name(part.device), part) for part in parts]
+    return [(short_device_name(device), part) for device, part
+            in runtime.of_backend().variable_components(handle)]
 
 
 def variable_device(variable):
-    """Canonical device of a Keras or TensorFlow variable.
+    """Canonical device of a Keras or TensorFlow variable (its first part's).
 
     Example:
     >>> with tf.device("/cpu:1"):
@@ -37,8 +39,7 @@ def variable_device(variable):
     >>> variable_device(layer.kernel)
     '/device:CPU:1'
     """
-    handle = getattr(variable, "value", variable)
-    return canonical_device_name(short_device_name(handle.device))
+    return canonical_device_name(variable_components(variable)[0][0])
 
 
 def variable_bytes(variable):
@@ -48,4 +49,8 @@ def variable_bytes(variable):
     >>> variable_bytes(keras.Variable(np.zeros((3, 4), "float32")))
     48
     """
-    return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+    dtype = keras.backend.standardize_dtype(variable.dtype)
+    # NumPy has no bfloat16 or float8 of its own: ml_dtypes (a Keras
+    # dependency) defines them.
+    itemsize = np.dtype(getattr(ml_dtypes, dtype, dtype)).itemsize
+    return int(np.prod(variable.shape)) * itemsize

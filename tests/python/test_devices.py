@@ -15,6 +15,7 @@ import tensorflow as tf
 import multigpu
 from conftest import DEVICES
 from multigpu import devices as devices_lib
+from multigpu.runtime import tensorflow as tensorflow_runtime
 from support.worker_scripts import fresh_python
 
 CPUS = [f"/device:CPU:{i}" for i in range(4)]
@@ -26,7 +27,7 @@ def fake_machine(monkeypatch, gpus=0, cpus=1):
         "GPU": [f"/device:GPU:{i}" for i in range(gpus)],
         "CPU": [f"/device:CPU:{i}" for i in range(cpus)],
     }
-    monkeypatch.setattr(devices_lib, "_logical_devices", listing.__getitem__)
+    monkeypatch.setattr(tensorflow_runtime, "logical_devices", listing.__getitem__)
     devices_lib.STATE.reset()
 
 

@@ -7,7 +7,7 @@ renames or drops one (the checkpoint callbacks' hooks have theirs in
 
 import keras
 
-from multigpu import internals
+from multigpu import internals, tensorflow_internals
 from support.models import mlp
 
 
@@ -28,7 +28,7 @@ def test_is_functional_tells_a_graph_of_layers_from_code():
 
 
 def test_device_memory_limits_lists_gpus_only():
-    limits = internals.device_memory_limits()
+    limits = tensorflow_internals.device_memory_limits()
     assert isinstance(limits, dict)
     assert all(":GPU:" in name.upper() and value > 0
                for name, value in limits.items())
@@ -51,7 +51,7 @@ def test_a_conditional_can_run_as_one_branch_function():
     def picked(x):
         ok = tf.reduce_all(x > 0)
         out = tf.cond(ok, lambda: x + 1, lambda: x - 1)
-        return internals.run_branch_as_function(out)
+        return tensorflow_internals.run_branch_as_function(out)
 
     _, nodes = executed_node_defs(picked, tf.constant([1.0, 2.0]))
     ops = {node.op for _, node in nodes}
@@ -94,8 +94,8 @@ def test_an_op_callback_replaces_outputs_until_its_last_user_leaves():
 
     @tf.function
     def negated(x):
-        with internals.op_callback(plus_one):
-            with internals.op_callback(plus_one):
+        with tensorflow_internals.op_callback(plus_one):
+            with tensorflow_internals.op_callback(plus_one):
                 first = -x
             # The outer block still uses it.
             second = -x
@@ -141,5 +141,5 @@ def test_metrics_in_order_is_what_train_on_batch_returns():
 
 
 def test_slurm_lists_are_expanded():
-    assert internals.slurm_hostlist("n[1-2],m5") == ["n1", "n2", "m5"]
-    assert internals.slurm_tasks_per_node("3(x2),1") == [3, 3, 1]
+    assert tensorflow_internals.slurm_hostlist("n[1-2],m5") == ["n1", "n2", "m5"]
+    assert tensorflow_internals.slurm_tasks_per_node("3(x2),1") == [3, 3, 1]

@@ -14,6 +14,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "python" / "multigpu"
 
 # Every module of the package, subpackages (`multigpu.checkpoints`) included.
 MODULE_FILES = sorted(PACKAGE.rglob("*.py"))
+# The two modules that touch Keras's and TensorFlow's private attributes.
+INTERNALS = ("internals.py", "tensorflow_internals.py")
 
 
 def _module_name(path):
@@ -121,7 +123,7 @@ def _private_attributes_by_name(path):
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in MODULE_FILES if p.name != "internals.py"],
+    "path", [p for p in MODULE_FILES if p.name not in INTERNALS],
     ids=_module_name)
 def test_only_internals_reads_private_attributes_by_name(path):
     # ruff's SLF001 catches `x._name`; this catches getattr(x, "_name").
@@ -130,12 +132,14 @@ def test_only_internals_reads_private_attributes_by_name(path):
 
 # The packages from the floor up: a module may import its own package and
 # the packages below it, never one above. The shared modules at the top of
-# `multigpu` (messages, arguments, internals, devices, variables, saving)
-# are the floor; the entry points (`multigpu` itself, `launch`, `demo`)
-# stand above everything.
+# `multigpu` (messages, arguments, internals, devices, variables, saving,
+# inputs) and the runtime of each backend (`multigpu.runtime`) are the
+# floor; the entry points (`multigpu` itself, `launch`, `demo`) stand above
+# everything.
 PACKAGE_ORDER = ["floor", "cluster", "step", "checkpoints", "distribute",
                  "engines", "partition", "placement", "insight", "entry"]
 ENTRY_MODULES = {"multigpu", "multigpu.launch", "multigpu.demo"}
+FLOOR_PACKAGES = {"runtime"}
 
 
 def package_floor(module):
@@ -143,6 +147,8 @@ def package_floor(module):
     if module in ENTRY_MODULES:
         return PACKAGE_ORDER.index("entry")
     parts = module.split(".")
+    if parts[1] in FLOOR_PACKAGES:
+        return PACKAGE_ORDER.index("floor")
     if len(parts) > 2 or f"multigpu.{parts[1]}" in PACKAGES:
         return PACKAGE_ORDER.index(parts[1])
     return PACKAGE_ORDER.index("floor")
@@ -152,7 +158,7 @@ PACKAGES = {_module_name(p) for p in MODULE_FILES if p.name == "__init__.py"} - 
 
 
 def test_every_package_has_a_place_in_the_order():
-    assert {p.split(".")[1] for p in PACKAGES} <= set(PACKAGE_ORDER)
+    assert {p.split(".")[1] for p in PACKAGES} <= set(PACKAGE_ORDER) | FLOOR_PACKAGES
 
 
 def test_packages_import_only_their_own_and_those_below():
@@ -165,6 +171,7 @@ def test_packages_import_only_their_own_and_those_below():
 
 def test_package_floor_places_modules():
     assert package_floor("multigpu.messages") == 0
+    assert package_floor("multigpu.runtime.jax") == 0
     assert package_floor("multigpu.engines.tensorflow.mirrored") == PACKAGE_ORDER.index("engines")
     assert package_floor("multigpu.insight") == PACKAGE_ORDER.index("insight")
     assert package_floor("multigpu.launch") == len(PACKAGE_ORDER) - 1
@@ -238,7 +245,7 @@ def test_private_imports_finds_every_form():
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in MODULE_FILES if p.name != "internals.py"],
+    "path", [p for p in MODULE_FILES if p.name not in INTERNALS],
     ids=_module_name)
 def test_only_internals_imports_keras_and_tensorflow_privates(path):
     found = private_imports(path.read_text())
@@ -260,9 +267,10 @@ def test_ruff_refuses_private_attributes_outside_internals():
     package_ignores = {pattern: rules for pattern, rules
                        in lint["per-file-ignores"].items()
                        if pattern.startswith("python/")}
-    assert package_ignores == {"python/multigpu/internals.py": ["SLF001"]}
+    assert package_ignores == {f"python/multigpu/{name}": ["SLF001"]
+                               for name in INTERNALS}
     silenced = [f"{path.relative_to(PACKAGE)}:{number}"
-                for path in MODULE_FILES if path.name != "internals.py"
+                for path in MODULE_FILES if path.name not in INTERNALS
                 for number, line in enumerate(path.read_text().splitlines(), 1)
                 if "noqa" in line and "SLF001" in line]
     assert not silenced
@@ -323,7 +331,7 @@ def _classes_on_keras_or_tensorflow():
 
     found = []
     for path in MODULE_FILES:
-        if path.name == "internals.py":
+        if path.name in INTERNALS:
             continue
         module = importlib.import_module(_module_name(path))
         for node in ast.parse(path.read_text()).body:
@@ -367,10 +375,109 @@ def test_the_backend_neutral_engine_modules_do_not_import_tensorflow(path):
     assert not _imports_tensorflow(path)
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "engines" / "jax").glob("*.py")),
-                         ids=lambda p: p.name)
-def test_the_jax_engine_does_not_import_tensorflow(path):
-    assert not _imports_tensorflow(path)
+def _runs_on_import(path):
+    """What importing the module at `path` imports: `(modules, tensorflow)`.
+
+    Its imports at module level (in `if`, `try`, `with` and class bodies
+    too), each with the packages above it, which Python imports first. An
+    `if` whose condition names TensorFlow (`if backends.current() ==
+    "tensorflow":`) is that backend's branch and is left out. Imports
+    inside functions run when the function is called: the JAX path's calls
+    run with TensorFlow unimportable in
+    `engines/jax/test_jax_without_tensorflow.py`.
+
+    Returns:
+        The `multigpu` modules imported, and whether `tensorflow` (or one
+        of its modules) is.
+    """
+    modules = {_module_name(p) for p in MODULE_FILES}
+    found, tensorflow = set(), False
+
+    def named(name):
+        nonlocal tensorflow
+        if name.split(".")[0] == "tensorflow":
+            tensorflow = True
+        elif name.split(".")[0] == "multigpu":
+            parts = name.split(".")
+            found.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    named(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if node.level:
+                    base = _package_of(path).split(".")
+                    base = ".".join(base[:len(base) - node.level + 1])
+                    module = base + (f".{module}" if module else "")
+                named(module)
+                for alias in node.names:
+                    if f"{module}.{alias.name}" in modules:
+                        named(f"{module}.{alias.name}")
+            elif isinstance(node, ast.If) and "tensorflow" in ast.unparse(node.test):
+                visit(node.orelse)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit(getattr(node, field, None) or [])
+
+    visit(ast.parse(path.read_text()).body)
+    return found & modules, tensorflow
+
+
+def tensorflow_paths(roots):
+    """Chains of imports from `roots` to a module that imports TensorFlow.
+
+    Args:
+        roots: Module names to start from.
+
+    Returns:
+        One chain per module reached that imports `tensorflow` when
+        imported, e.g. `["multigpu", "multigpu.devices"]`; empty if none.
+    """
+    files = {_module_name(p): p for p in MODULE_FILES}
+    on_import = {name: _runs_on_import(path) for name, path in files.items()}
+    parent = dict.fromkeys(roots)
+    queue = list(roots)
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(on_import[module][0] - set(parent)):
+            parent[target] = module
+            queue.append(target)
+    chains = []
+    for module in sorted(parent):
+        if on_import[module][1]:
+            chain = [module]
+            while parent[chain[-1]] is not None:
+                chain.append(parent[chain[-1]])
+            chains.append(chain[::-1])
+    return chains
+
+
+# On JAX, Keras runs without TensorFlow, and so does this package: importing
+# `multigpu` (its TensorFlow branch aside) or any module of the JAX engine
+# reaches no module that imports TensorFlow, however many imports away.
+JAX_ROOTS = ["multigpu"] + sorted(
+    _module_name(p) for p in (PACKAGE / "engines" / "jax").glob("*.py"))
+
+
+def test_nothing_imported_on_jax_reaches_tensorflow():
+    chains = tensorflow_paths(JAX_ROOTS)
+    assert not chains, "\n".join(" -> ".join(chain) for chain in chains)
+
+
+def test_tensorflow_paths_finds_a_chain_through_the_package():
+    # The check above finds what exists: the TensorFlow engines reach it,
+    # through a module that does not import it itself.
+    chains = tensorflow_paths(["multigpu.engines.tensorflow.mirrored"])
+    assert ["multigpu.engines.tensorflow.mirrored",
+            "multigpu.engines.tensorflow.trainer",
+            "multigpu.step.guard"] in chains
+    assert "multigpu.engines.template" in _runs_on_import(
+        PACKAGE / "engines" / "tensorflow" / "trainer.py")[0]
 
 
 def test_the_tensorflow_engines_import_tensorflow():

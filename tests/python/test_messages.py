@@ -62,8 +62,8 @@ def test_hints_about_data_read_in_each_language():
     # Hints that name a setting of the user's data pipeline (tf.data's
     # drop_remainder, fit's shuffle, Keras's padding layers) follow the
     # caller's language like the values they quote.
+    from multigpu import inputs
     from multigpu.distribute import fit as distributed
-    from multigpu.distribute import inputs
     from support.scenario_files import speaks
 
     def hints():

@@ -4,13 +4,13 @@ import os
 import warnings
 
 import keras
-import tensorflow as tf
 
 from multigpu import backends, internals
 from multigpu.checkpoints import atomic, epochs, listing, preemption, resume
 from multigpu.checkpoints.arguments import check_save_freq
 from multigpu.checkpoints.lock import writes_checkpoints
 from multigpu.cluster import agreement
+from multigpu.inputs import is_dataset
 from multigpu.messages import literal
 from multigpu.step import train_function as chain
 
@@ -95,7 +95,7 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         Raises:
             TypeError: for anything else.
         """
-        if data is not None and not isinstance(data, tf.data.Dataset):
+        if data is not None and not is_dataset(data):
             raise TypeError(
                 f"Invalid `data`: received an object of type "
                 f"{type(data).__name__}; expected the training "

@@ -1,6 +1,10 @@
-"""Decisions every worker of a multi-worker strategy takes together."""
+"""Decisions every worker of a multi-worker strategy takes together.
 
-import tensorflow as tf
+Only a TensorFlow strategy spans workers; this module imports no
+TensorFlow, so that the checkpoints that ask it run on JAX without it.
+"""
+
+from multigpu.runtime import loaded_tensorflow
 
 
 def spans_workers(strategy):
@@ -17,7 +21,9 @@ def spans_workers(strategy):
     >>> spans_workers(tf.distribute.MirroredStrategy())
     False
     """
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    tf = loaded_tensorflow()  # a strategy exists only once it is imported
+    if tf is None or not isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return False
     resolver = strategy.cluster_resolver
     jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
@@ -40,6 +46,7 @@ def any_worker(strategy, flag):
     Example:
     >>> stop = any_worker(strategy, signal_arrived)
     """
+    tf = loaded_tensorflow()  # imported: the strategy is TensorFlow's
     per_replica = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
     total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
     return bool(total.numpy() > 0)

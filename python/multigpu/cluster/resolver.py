@@ -26,21 +26,13 @@ import os
 import shutil
 import warnings
 
-import tensorflow as tf
-
-from multigpu import internals
+from multigpu.cluster.processes import PORTS_PER_STEP, slurm_port_base
 from multigpu.messages import api, literal
 
 TF_CONFIG = "TF_CONFIG"
 # The variables TensorFlow's SlurmClusterResolver reads in a job step.
 SLURM_STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
                         "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE")
-# Ports of a Slurm step: its tasks on one node listen on consecutive ports
-# from a base chosen by job and step id, in [10000, 32400), below Linux's
-# ephemeral ports; one step's slot holds up to `_PORTS_PER_STEP` tasks per node.
-_PORT_FLOOR = 10000
-_PORTS_PER_STEP = 16
-_PORT_SLOTS = 1400
 # Variables of other launchers (Open MPI, MPICH/PMI, torchrun) that say this
 # process is one of several.
 _OTHER_LAUNCHERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE")
@@ -71,6 +63,10 @@ def cluster_resolver():
     >>> resolver.cluster_spec().as_dict()
     {'worker': ['node1:12048', 'node1:12049']}
     """
+    # TensorFlow's resolvers: imported here, so that the checkpoints, which
+    # ask `is_chief` only, run on JAX without TensorFlow.
+    import tensorflow as tf
+
     if os.environ.get(TF_CONFIG, "").strip():
         tf_config()
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -193,27 +189,6 @@ def is_chief():
     return True
 
 
-def slurm_port_base(job_id, step_id):
-    """The first port of a Slurm job step's tasks on each node.
-
-    Every task of the step computes the same value; steps whose job or step
-    ids differ get different ranges (until the ids wrap after 1400 steps).
-
-    Args:
-        job_id: `SLURM_JOB_ID`, an int.
-        step_id: `SLURM_STEP_ID`, an int.
-
-    Returns:
-        An int in [10000, 32400), a multiple of 16.
-
-    Example:
-    >>> slurm_port_base(7, 0)
-    11792
-    """
-    slot = (job_id * 7 + step_id) % _PORT_SLOTS
-    return _PORT_FLOOR + slot * _PORTS_PER_STEP
-
-
 def slurm_cluster_resolver():
     """What TensorFlow's `SlurmClusterResolver` finds in this job step.
 
@@ -229,6 +204,10 @@ def slurm_cluster_resolver():
             runs more tasks than the ports of one step, or a GPU node has
             fewer GPUs than tasks.
     """
+    import tensorflow as tf
+
+    from multigpu import tensorflow_internals
+
     found = _slurm_variables()
     missing = [name for name in SLURM_STEP_VARIABLES if name not in os.environ]
     if missing:
@@ -242,16 +221,16 @@ def slurm_cluster_resolver():
         )
     try:
         tasks_per_node = dict(zip(
-            internals.slurm_hostlist(os.environ["SLURM_STEP_NODELIST"]),
-            internals.slurm_tasks_per_node(
+            tensorflow_internals.slurm_hostlist(os.environ["SLURM_STEP_NODELIST"]),
+            tensorflow_internals.slurm_tasks_per_node(
                 os.environ["SLURM_STEP_TASKS_PER_NODE"]),
         ))
         most = max(tasks_per_node.values())
-        if most > _PORTS_PER_STEP:
+        if most > PORTS_PER_STEP:
             raise ClusterError(
                 f"A node of this Slurm step runs {most} tasks "
                 f"({tasks_per_node}); multigpu gives each step "
-                f"{_PORTS_PER_STEP} ports per node. Run fewer tasks per node "
+                f"{PORTS_PER_STEP} ports per node. Run fewer tasks per node "
                 "(`srun --ntasks-per-node=1`, or one per GPU)."
             )
         gpus, per_task, assign, task_gpus = _gpu_layout(most,
@@ -329,8 +308,10 @@ def _node_gpus():
         return visible
     if shutil.which("nvidia-smi") is None:
         return 0
+    from multigpu import tensorflow_internals
+
     try:
-        return internals.nvidia_smi_gpu_count()
+        return tensorflow_internals.nvidia_smi_gpu_count()
     except (RuntimeError, OSError):
         return 0
 
@@ -380,8 +361,10 @@ def _keep_physical_ids(before):
 
 def _check_gpus_not_started(before):
     """Raises, restoring `CUDA_VISIBLE_DEVICES`, if TensorFlow has started."""
+    from multigpu import tensorflow_internals
+
     # CUDA reads CUDA_VISIBLE_DEVICES once, when TensorFlow first starts it.
-    if internals.cuda_may_have_started():
+    if tensorflow_internals.cuda_may_have_started():
         assigned = os.environ.get("CUDA_VISIBLE_DEVICES")
         if before is None:
             del os.environ["CUDA_VISIBLE_DEVICES"]

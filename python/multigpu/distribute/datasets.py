@@ -18,7 +18,7 @@ import tensorflow as tf
 from multigpu import backends
 from multigpu.arguments import check_flag, check_int, is_int
 from multigpu.checkpoints.epochs import EPOCH_CLOCK_ATTRIBUTE, EpochClock
-from multigpu.distribute.inputs import check_no_r_na, check_numeric_y
+from multigpu.inputs import check_no_r_na, check_numeric_y
 from multigpu.messages import api, current_language, literal, literals, setting
 
 _SHARD_POLICIES = {

@@ -18,10 +18,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from multigpu import backends, internals
+from multigpu import backends, inputs, internals
 from multigpu.arguments import check_int
 from multigpu.checkpoints.backup import AtomicBackupAndRestore
-from multigpu.distribute import inputs
 from multigpu.distribute import strategy as strategy_lib
 from multigpu.messages import api, literal, setting
 from multigpu.step import train_function as chain

@@ -30,15 +30,15 @@ import threading
 
 import tensorflow as tf
 
-from multigpu import backends, internals
+from multigpu import backends, tensorflow_internals
 from multigpu import devices as devices_lib
 from multigpu.cluster import resolver as cluster_lib
 from multigpu.cluster.readiness import signal_ready
 from multigpu.messages import api, literal, literals, setting
+from multigpu.runtime import tensorflow as tensorflow_runtime
 
 # What the strategies need of TensorFlow (`backends.require_backend`).
-TF_DISTRIBUTE = ("TensorFlow's tf.distribute, whose strategies run "
-                  "TensorFlow graphs")
+TF_DISTRIBUTE = backends.TF_DISTRIBUTE
 
 # Strategies made here number their collective groups from
 # `_KEY_BASE_START + k * _KEY_STRIDE`: far above the keys of strategies made
@@ -346,7 +346,7 @@ class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
     """
 
     def __init__(self, devices, cross_device_ops=None, collective_key_base=0):
-        internals.set_collective_key_base(self, collective_key_base)
+        tensorflow_internals.set_collective_key_base(self, collective_key_base)
         self._device_names = tuple(devices)
         super().__init__(devices=devices, cross_device_ops=cross_device_ops)
 
@@ -483,14 +483,14 @@ def _signal_ready():
 
 def _restart_for_collective_ops():
     """Collective ops are configured before TensorFlow starts: restart it if unused."""
-    alive = devices_lib.restart_unused_tensorflow()
+    alive = tensorflow_runtime.restart_unused_tensorflow()
     if alive:
         raise RuntimeError(
             f"{api('multi_worker_strategy')} came too late: TensorFlow already "
             "started and objects created on its devices still exist "
             f"({', '.join(alive)}). A multi-worker strategy configures "
             "TensorFlow's collective ops, which is possible only before: call "
-            f"it first thing{devices_lib.first_thing_where()}, or restart the "
+            f"it first thing{tensorflow_runtime.first_thing_where()}, or restart the "
             "session."
         )
 

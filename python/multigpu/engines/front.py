@@ -15,7 +15,6 @@ from multigpu import backends
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag
 from multigpu.devices import HOST_DEVICE
-from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines import choice as choice_lib
 from multigpu.engines.functional import callable_graph
 from multigpu.engines.own_steps import check_standard_steps
@@ -183,6 +182,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     callable_graph(model)
     check_standard_steps(model, "multi_gpu_model")
     if backend == "tensorflow":
+        from multigpu.distribute import strategy as strategy_lib
+
         strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)

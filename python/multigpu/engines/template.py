@@ -2,9 +2,11 @@
 
 `TemplateLayer` runs a template model inside another model; `TemplateBacked`
 gives a wrapping model the compile and save behaviour of its template, so
-files it writes are plain Keras models. Every engine builds on both;
-`TemplateWrapper` is the functional model around one `TemplateLayer` that
-the replicate engine and `model_parallel` return.
+files it writes are plain Keras models. Every engine builds on both, on
+every backend; `TemplateWrapper` is the functional model around one
+`TemplateLayer` that the replicate engine, `model_parallel` and the JAX
+engine return. The TensorFlow engines' training step is theirs
+(`multigpu.engines.tensorflow.trainer`): this module imports no TensorFlow.
 """
 
 import contextlib
@@ -13,15 +15,9 @@ import warnings
 import keras
 
 from multigpu import devices as devices_lib
-from multigpu import internals, saving
-from multigpu.distribute import inputs
-from multigpu.distribute import strategy as strategy_lib
+from multigpu import inputs, saving
 from multigpu.engines import compiled
 from multigpu.engines.functional import callable_graph, layer_name, outputs_named_after
-from multigpu.messages import setting
-from multigpu.step import nonfinite
-from multigpu.step import train_function as chain
-from multigpu.step import train_step as training_step
 
 
 def template_config(owner):
@@ -181,40 +177,6 @@ def template_compile_arguments(template, names, optimizer, args, kwargs):
     return arguments
 
 
-def warn_if_jit_compile(jit_compile, parallelism):
-    """Warns that `jit_compile` is ignored by a model that runs without XLA.
-
-    For the models whose engine compiles no replica with XLA
-    (`model_parallel`'s): XLA would compile the whole step into one cluster
-    on one device, which cannot reach variables on the other devices
-    (TensorFlow's "Trying to access resource ... located in device ..." in
-    `fit`). The data-parallel engines compile each replica's pass instead
-    (`TemplateBacked.resolve_jit_compile`).
-
-    Args:
-        jit_compile: The `jit_compile` argument of `compile`.
-        parallelism: What XLA would undo, e.g. `"data parallelism"`.
-    """
-    if jit_compile is True:
-        warnings.warn(
-            f"{setting('jit_compile', True)} ignored: XLA would compile the whole step "
-            f"into one cluster on one device, undoing {parallelism}.",
-            UserWarning, stacklevel=3,
-        )
-
-
-def layer_without_jit(model):
-    """The first layer of `model` (itself included) that XLA cannot compile.
-
-    Keras's own test (`supports_jit`, which string preprocessing layers
-    such as `TextVectorization` and `StringLookup` set to False), or None.
-    """
-    for layer in [model, *internals.nested_layers(model)]:
-        if not getattr(layer, "supports_jit", True):
-            return layer
-    return None
-
-
 def _has_own_compile(model):
     """Whether `model`'s class has a `compile` of its own (KerasHub tasks)."""
     return type(model).compile is not keras.Model.compile
@@ -310,155 +272,42 @@ def compile_defaults(model, args, kwargs):
     return (), template_compile_config(model.template) or {}
 
 
-class _FitInputs:
-    """The input iterator the current `fit` last passed to its train function.
-
-    `TemplateBacked.fit` frees it when `fit` raises (`release`), so that it
-    is not freed later by a garbage collection, when freeing it can wait
-    for its tf.data threads (docs/tf-data-stall.md). Held by the model; the train
-    function's `"watch"` link (`watching`) refers to this object, not the
-    model.
-    """
-
-    def __init__(self):
-        self.calls = []  # one list per `fit` in progress, innermost last
-
-    def seen(self, iterator):
-        if self.calls:
-            self.calls[-1][:] = [iterator]
-
-    def watching(self, inner):
-        """`inner` (a train function), telling this object its iterator."""
-
-        def train(*args, **kwargs):
-            if args:
-                self.seen(args[0])
-            return inner(*args, **kwargs)
-
-        return train
-
-    @contextlib.contextmanager
-    def freed_on_failure(self, model):
-        """A block (one `fit`) whose iterator is freed if it raises."""
-        seen = []
-        self.calls.append(seen)
-        try:
-            yield
-        except BaseException:
-            for iterator in seen:
-                internals.release_iterator(iterator)
-            internals.drop_cached_evaluation(model)
-            raise
-        finally:
-            seen.clear()
-            self.calls.remove(seen)
-
-
 class TemplateBacked:
     """Compiling, saving and config for models whose weights are a template's.
 
-    Mixed into a `keras.Model` (before it) by every engine's model:
-    `ParallelModel`, `MirroredModel`, `PartitionedModel`. `compile` compiles
-    the template alike, sharing the optimizer; `save`, `save_weights` and
-    `load_weights` act on the template, so files are plain Keras models. A
-    model that trains copies of the template's variables (the mirrored
-    engine) overrides `copy_to_template` and `copy_from_template`, which
-    saving and loading call.
+    The base every engine's model shares, on every backend: mixed into a
+    `keras.Model` (before it) by `ParallelModel`, `MirroredModel`,
+    `PartitionedModel` and `ShardedModel`. `compile` compiles the template
+    alike, sharing the optimizer; `save`, `save_weights` and `load_weights`
+    act on the template, so files are plain Keras models; `fit`,
+    `evaluate`, `predict` and the `*_on_batch` steps check their data
+    first (`multigpu.inputs.checked_call`). A model that trains copies of
+    the template's variables (the mirrored engine) overrides
+    `copy_to_template` and `copy_from_template`, which saving and loading
+    call. What a backend's training step adds (the TensorFlow engines' NaN
+    guard, train-function links and XLA per replica) is in its engines'
+    part (`multigpu.engines.tensorflow.trainer.TensorFlowTrainer`, mixed in
+    before this class), as Keras keeps its backends' trainers apart from
+    `keras.Model`. This module imports no TensorFlow.
 
     A subclass provides `template` and `devices`, takes
     `(template, devices, *config_keys[1:])` in its constructor and names its
     config in `config_keys`, each readable as an attribute.
-
-    Training stops on a batch holding NaN or inf (`multigpu.step.nonfinite`) unless
-    `check_finite` is set to False.
     """
 
     parallelism = "the device placement"
     config_keys = ("devices",)
-    _check_finite = True
 
-    @property
-    def check_finite(self):
-        """Whether `fit` stops on NaN or inf in a batch (default True).
+    def check_scope(self, method):
+        """Refuses `self.<method>()` where this model's engine cannot run it.
 
-        Each training step checks its inputs, labels and sample weights
-        first and raises `multigpu.step.nonfinite.NonFiniteInputError`, naming the
-        epoch, the batch and the input, instead of training the weights into
-        NaN; the weights and the optimizer's state keep their values of the
-        step before. Set it to False to train without the check.
+        Called by `multigpu.inputs.checked_call` before the data checks.
+        Nothing to refuse here; the TensorFlow engines refuse a strategy's
+        scope that is not the model's.
+
+        Args:
+            method: The name of the `keras.Model` method called.
         """
-        return self._check_finite
-
-    @check_finite.setter
-    def check_finite(self, value):
-        value = nonfinite.check_finite_flag(value)
-        if value != self.check_finite:
-            # The check is traced into the step function: trace it again.
-            chain.discard(self)
-        self._check_finite = value
-
-    def train_step(self, data):
-        """One training step (`multigpu.step.train_step.train_step`).
-
-        Keras's step, with the batch checked for NaN and inf first when
-        `check_finite` is on: a bad batch changes nothing, and the train
-        function raises `NonFiniteInputError`. Engines that split the step
-        (`ParallelModel`) call it on the whole batch inside theirs.
-        """
-        record = self._guard()[0] if self.check_finite else None
-        # Under a strategy (the mirrored engine) the replicas' rows weigh
-        # as one device's; elsewhere `weigh_rows` changes nothing.
-        return training_step.train_step(
-            self, data, record, [layer_name(t) for t in self.inputs],
-            list(self.output_names), weigh_rows=True)
-
-    def make_train_function(self, force=False):
-        """Keras's train function, with this model's links.
-
-        The `"watch"` link (`_FitInputs.watching`) and, when
-        `check_finite` is on, the `"guard"` link (`nonfinite.Reporting`) of
-        `multigpu.step.train_function`; a forced remake keeps the other
-        links.
-        """
-        guard = self._guard()  # its variables exist before the step is traced
-        self._build_optimizer()
-        with chain.keeping_links(self), self._as_without_xla():
-            super().make_train_function(force)
-        if self.train_function is None:
-            return None
-        chain.link(self, "watch", self._fit_inputs().watching)
-        if self.check_finite:
-            chain.link(self, "guard", nonfinite.Reporting(*guard))
-        else:
-            chain.unlink(self, "guard")
-        return self.train_function
-
-    def _build_optimizer(self):
-        """Builds the optimizer's variables now, before the step is traced.
-
-        Without a strategy Keras builds an unbuilt optimizer while tracing
-        the first step. The replicate engine's step holds a `tf.cond` (a
-        batch with fewer rows than devices runs on one device), and slots
-        made in one branch's trace fail in the other's ("Incompatible
-        shapes: [5,6] vs. [0]" from Adam); an optimizer whose `build`
-        computes (`ScheduleFreeAdamW` copies the weights) would also run
-        that computation in every step. Under a strategy Keras builds it
-        before the step, as here.
-        """
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None and not optimizer.built:
-            with self.distribute_strategy.scope():
-                optimizer.build(self.trainable_variables)
-
-    def _guard(self):
-        """This model's `(nonfinite.Record, nonfinite.Position)`, made once."""
-        # Untracked: the record's variables are not the model's state.
-        return internals.untracked(self, "_guard_parts", make=lambda: (
-            nonfinite.Record(self.distribute_strategy), nonfinite.Position()))
-
-    def _fit_inputs(self):
-        """This model's `_FitInputs`, made once (kept out of Keras's tracking)."""
-        return internals.untracked(self, "_fit_inputs_parts", make=_FitInputs)
 
     def copy_to_template(self, optimizer_state=False):
         """Copies what this model trained into the template.
@@ -475,24 +324,12 @@ class TemplateBacked:
         """Copies the template's weights into this model (here: shared)."""
 
     # `fit`, `evaluate`, `predict` and the `*_on_batch` steps that train or
-    # evaluate: Keras's, with the data checked first (`multigpu.distribute.inputs`).
+    # evaluate: Keras's, with the data checked first (`multigpu.inputs`).
 
     def fit(self, *args, **kwargs):
         compile_like_template(self)
-        position = self._guard()[1]
-        args, kwargs = with_callbacks(self, args, kwargs,
-                                      [position, *self.fit_callbacks()])
-        # A failed `fit` frees its input iterator before it raises (see
-        # `_FitInputs`): nothing waits on it later. The links its callbacks
-        # registered on the train function go with it (`chain.fitting`).
-        try:
-            with (self._fit_inputs().freed_on_failure(self),
-                  chain.fitting(self)):
-                return inputs.checked_call(self, "fit", super().fit, args,
-                                           kwargs)
-        finally:
-            # A failed `fit` ends without `on_train_end`.
-            position.clear()
+        args, kwargs = with_callbacks(self, args, kwargs, self.fit_callbacks())
+        return inputs.checked_call(self, "fit", super().fit, args, kwargs)
 
     def fit_callbacks(self):
         """Callbacks this model adds to every `fit` (after the caller's)."""
@@ -517,7 +354,7 @@ class TemplateBacked:
         return inputs.checked_call(self, "test_on_batch",
                                    super().test_on_batch, args, kwargs)
 
-    def compile(self, *args, jit_compile=False, **kwargs):
+    def compile(self, *args, **kwargs):
         """Compiles like `keras.Model.compile`, and the template alike.
 
         The template is (re)compiled with the same loss and metrics and
@@ -525,12 +362,7 @@ class TemplateBacked:
         weights: saved files then carry the compile configuration and the
         optimizer state that training produced (even when the template had
         been compiled before), and `template.evaluate` works after training
-        this model. `jit_compile` (True, False or "auto") is resolved by
-        `resolve_jit_compile`: the replicate engine compiles each
-        replica's forward and backward pass with XLA on the replica's
-        device; an engine that cannot (`model_parallel`'s) warns and runs
-        without XLA. Keras's step around the replicas (slicing, loss,
-        update) is never compiled as one cluster.
+        this model. `jit_compile` is each engine's (see its `compile`).
 
         `compile()` with no arguments, when the template's class has a
         `compile` with defaults of its own (a KerasHub task), compiles with
@@ -538,84 +370,10 @@ class TemplateBacked:
         template is compiled compiles as the template at its first `fit`,
         `evaluate` or `*_on_batch` step (`compile_like_template`).
         """
-        strategy_lib.check_own_scope(self, "compile")
-        if not self.compiles_replicas:
-            warn_if_jit_compile(jit_compile, self.parallelism)
+        jit_compile = kwargs.pop("jit_compile", "auto")
         args, kwargs = compile_defaults(self, args, kwargs)
-        super().compile(*args, jit_compile=False, **kwargs)
-        if self.compiles_replicas:
-            self.jit_compile = jit_compile
+        super().compile(*args, jit_compile=jit_compile, **kwargs)
         compile_template_alike(self, args, kwargs)
-
-    # XLA (`jit_compile`). Keras's own `jit_compile` would compile the whole
-    # step, every replica and the update, into one cluster on one device;
-    # the engines that can (`compiles_replicas`) compile each replica's
-    # pass on its device instead, and Keras's functions are made as without
-    # XLA (`_making_functions`).
-
-    compiles_replicas = False
-    _replica_jit = False
-    _making_functions = False
-
-    @property
-    def jit_compile(self):
-        """Whether XLA compiles each replica's forward and backward pass.
-
-        True: each replica's pass and its gradient are one XLA-compiled
-        function on the replica's device (`forward.compiled_on`); the
-        slicing, the loss, the NaN/inf guard and the update around them are
-        not compiled. Set by `compile(jit_compile=...)` or directly, as
-        Keras's: True, False or "auto" (`resolve_jit_compile`).
-        """
-        return False if self._making_functions else self._replica_jit
-
-    @jit_compile.setter
-    def jit_compile(self, value):
-        resolved = self.resolve_jit_compile(value)
-        if resolved != self._replica_jit:
-            # The replicas' passes are traced into the step functions.
-            chain.discard(self)
-            self.test_function = None
-            self.predict_function = None
-        self._replica_jit = resolved
-        self.replicas_compiled(resolved)
-
-    def resolve_jit_compile(self, value):
-        """What `jit_compile=value` runs here: whether XLA compiles replicas.
-
-        Engines whose replicas XLA compiles override it; here (an engine
-        that cannot) True is refused with `warn_if_jit_compile`'s warning.
-
-        Returns:
-            A bool.
-        """
-        if value is True and self.compiles_replicas:
-            return True
-        return False
-
-    def replicas_compiled(self, compiled):
-        """Tells the engine whether XLA compiles each replica's pass."""
-
-    @contextlib.contextmanager
-    def _as_without_xla(self):
-        """A block in which Keras reads `jit_compile` as False.
-
-        Keras's `make_*_function` would wrap its whole step in
-        `tf.function(jit_compile=True)`.
-        """
-        previous, self._making_functions = self._making_functions, True
-        try:
-            yield
-        finally:
-            self._making_functions = previous
-
-    def make_test_function(self, force=False):
-        with self._as_without_xla():
-            return super().make_test_function(force)
-
-    def make_predict_function(self, force=False):
-        with self._as_without_xla():
-            return super().make_predict_function(force)
 
     def save(self, filepath, overwrite=True, **kwargs):
         """Saves `template` (architecture and the shared trained weights).

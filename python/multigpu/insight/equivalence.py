@@ -24,12 +24,10 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from multigpu import backends, internals
+from multigpu import backends, internals, runtime
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag, check_int
-from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines.compiled import compile_arguments
 from multigpu.engines.copies import CopyMismatch, copy_in_scope, mismatch_text
 from multigpu.engines.front import DEFAULT_ENGINE, multi_gpu_model
@@ -223,21 +221,12 @@ def _strategy_copy(model, strategy):
 
 def _stored(variable):
     """A variable's value as stored, as a NumPy array."""
-    if backends.is_jax():
-        # Outside an autocast scope `value` is the stored value.
-        return np.array(keras.ops.convert_to_numpy(variable.value))
     return np.array(internals.stored_value(variable))
 
 
 def _on_device(device):
     """A block whose new arrays and steps run on `device` alone."""
-    if backends.is_jax():
-        import jax
-
-        from multigpu.engines.jax import mesh as mesh_lib
-
-        return jax.default_device(mesh_lib.jax_device(device))
-    return tf.device(device)
+    return runtime.of_backend().device_scope(device)
 
 
 @contextlib.contextmanager
@@ -340,6 +329,8 @@ def _train_engine(model, x, y, batch_size, devices, engine,
     finding, not an error: the `_Engine` holds it and nothing is trained.
     """
     if engine == "strategy":
+        from multigpu.distribute import strategy as strategy_lib
+
         reason = f"Keras's own fit under {api('mirrored_strategy')}"
         strategy = strategy_lib.strategy_over(devices)
         try:
@@ -611,7 +602,7 @@ def check_equivalence(model, x, y, gpus=None, engine=DEFAULT_ENGINE, steps=3,
     sync_batchnorm = _check_sync_batchnorm(sync_batchnorm)
     if engine == "strategy":
         backends.require_backend(
-            "check_equivalence", strategy_lib.TF_DISTRIBUTE,
+            "check_equivalence", backends.TF_DISTRIBUTE,
             written=f"{api('check_equivalence')} with "
                     f"{setting('engine', 'strategy')}")
     if sync_batchnorm and engine == "strategy":

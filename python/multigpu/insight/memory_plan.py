@@ -21,19 +21,19 @@ training step, with each replica taking `batch_size / devices` rows:
 `find_batch_size` inverts the plan: the activations grow linearly with the
 rows, the rest does not.
 
-On JAX the forward pass is traced by `jax.make_jaxpr` instead of
-`tf.function`, and the outputs of its equations are counted alike
-(`_JAX_NO_NEW_BUFFER` lists the primitives left out).
+The forward pass is traced by the backend's runtime
+(`multigpu.runtime.tensorflow.forward_bytes` with `tf.function`,
+`multigpu.runtime.jax.forward_bytes` with `jax.make_jaxpr`); this module
+imports no TensorFlow.
 """
 
 import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from multigpu import arguments, backends, internals, messages
-from multigpu.devices import resolve_devices
+from multigpu import arguments, backends, messages, runtime
+from multigpu.devices import HOST_DEVICE, resolve_devices
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.placement import format_bytes
 from multigpu.placement.table import text_table
@@ -41,21 +41,7 @@ from multigpu.variables import variable_bytes
 
 ENTRIES = ("weights", "gradients", "optimizer", "activations", "total")
 
-# Ops whose outputs are views of a buffer they receive or hold no batch
-# data: they allocate nothing per row (or hold the weights, counted apart).
-_NO_NEW_BUFFER = frozenset({
-    "ReadVariableOp", "VarHandleOp", "Const", "Identity", "IdentityN",
-    "Reshape", "ExpandDims", "Squeeze", "StopGradient", "NoOp",
-    "Shape", "ShapeN", "Size", "Rank", "StridedSlice", "Pack",
-})
 
-
-# The same for the primitives of a JAX trace: views and broadcasts (which
-# XLA fuses into the op that reads them).
-_JAX_NO_NEW_BUFFER = frozenset({
-    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy",
-    "copy_p", "stop_gradient",
-})
 
 
 class MemoryPlan:
@@ -162,15 +148,7 @@ def _input_specs(model, rows):
             f"Invalid `model`: {model.name!r} is not built, so its input shape "
             "is unknown. Give it an input shape (an Input layer, or "
             "`input_shape` in R) or call it on one batch first.")
-    return [tf.TensorSpec((rows,) + tuple(i.shape[1:]), i.dtype) for i in inputs]
-
-
-def tensor_bytes(tensor):
-    """Bytes of a graph tensor of fully known shape, else 0."""
-    dtype = tensor.dtype
-    if dtype in (tf.resource, tf.variant, tf.string) or not tensor.shape.is_fully_defined():
-        return 0
-    return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * dtype.size
+    return [((rows,) + tuple(i.shape[1:]), i.dtype) for i in inputs]
 
 
 def activation_bytes(model, rows):
@@ -197,74 +175,7 @@ def activation_bytes(model, rows):
     160
     """
     model = _template(model)
-    if backends.is_jax():
-        return _jax_activation_bytes(model, rows)
-    specs = _input_specs(model, rows)
-
-    def forward(*xs):
-        return model(xs[0] if len(xs) == 1 else list(xs), training=True)
-
-    graph = tf.function(forward).get_concrete_function(*specs).graph
-    captured = {id(t) for t in graph.internal_captures}
-    total = 0
-    for op in graph.get_operations():
-        if op.type in _NO_NEW_BUFFER:
-            continue
-        if op.type == "Placeholder" and any(id(t) in captured for t in op.outputs):
-            continue
-        total += sum(tensor_bytes(t) for t in op.outputs)
-    return total
-
-
-def _jax_activation_bytes(model, rows):
-    """`activation_bytes` on JAX: the outputs of the traced equations."""
-    import jax
-
-    specs = [jax.ShapeDtypeStruct(tuple(s.shape), s.dtype.name)
-             for s in _input_specs(model, rows)]
-
-    def forward(trainable, non_trainable, *xs):
-        return model.stateless_call(
-            trainable, non_trainable, xs[0] if len(xs) == 1 else list(xs),
-            training=True)
-
-    traced = jax.make_jaxpr(forward)(
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables], *specs)
-    batch = sum(_aval_bytes(v.aval) for v in traced.jaxpr.invars[-len(specs):])
-    return batch + _equation_bytes(traced.jaxpr)
-
-
-def _aval_bytes(aval):
-    """Bytes of an abstract array of known shape (0 for keys and tokens)."""
-    try:
-        size = np.dtype(aval.dtype).itemsize
-    except TypeError:
-        return 0
-    return int(np.prod(aval.shape, dtype=np.int64)) * size
-
-
-def _inner_jaxprs(params):
-    """The jaxprs an equation calls (`jit`, `custom_jvp_call`, `cond`, ...)."""
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            inner = getattr(item, "jaxpr", item)
-            if hasattr(inner, "eqns"):
-                found.append(inner)
-    return found
-
-
-def _equation_bytes(jaxpr):
-    """Bytes of the outputs of `jaxpr`'s equations, calls counted inside."""
-    total = 0
-    for equation in jaxpr.eqns:
-        inner = _inner_jaxprs(equation.params)
-        if inner:
-            total += sum(_equation_bytes(j) for j in inner)
-        elif equation.primitive.name not in _JAX_NO_NEW_BUFFER:
-            total += sum(_aval_bytes(v.aval) for v in equation.outvars)
-    return total
+    return runtime.of_backend().forward_bytes(model, _input_specs(model, rows))
 
 
 def _unbuilt_optimizer(optimizer, model, source):
@@ -310,44 +221,25 @@ def optimizer_bytes(optimizer, model):
     12
     """
     fresh = _unbuilt_optimizer(optimizer, _template(model), model)
-    with _on_host():
+    with runtime.of_backend().device_scope(HOST_DEVICE):
         fresh.build(_template(model).trainable_variables)
     return sum(variable_bytes(v) for v in fresh.variables)
 
 
 def _runtime():
     """The runtime that reports the devices' memory: TensorFlow or JAX."""
-    return "JAX" if backends.is_jax() else "TensorFlow"
-
-
-def _on_host():
-    """A block whose new variables are made on the first CPU device."""
-    if backends.is_jax():
-        import jax
-
-        return jax.default_device(jax.devices("cpu")[0])
-    return tf.device("/cpu:0")
+    return runtime.of_backend().NAME
 
 
 def _reported_memory(device):
-    """Bytes of `device`'s memory as TensorFlow reports it, or None.
+    """Bytes of `device`'s memory as the backend's runtime reports it, or None.
 
-    GPUs: the memory limit TensorFlow's allocator has for the device
-    (`internals.device_memory_limits`); on JAX, the `bytes_limit` of the
-    device's `memory_stats()`. CPUs report no limit of their own.
+    GPUs only (`runtime.of_backend().memory_limit`); CPUs report no limit
+    of their own.
     """
     if ":GPU:" not in device.upper():
         return None
-    if backends.is_jax():
-        from multigpu.engines.jax import mesh as mesh_lib
-
-        stats = mesh_lib.jax_device(device).memory_stats() or {}
-        return stats.get("bytes_limit")
-    wanted = device.upper().replace("/DEVICE:", "")
-    for name, limit in internals.device_memory_limits().items():
-        if name.upper().replace("/DEVICE:", "") == wanted:
-            return limit
-    return None
+    return runtime.of_backend().memory_limit(device)
 
 
 def _check_memory(device_memory):
@@ -492,24 +384,6 @@ def _device_memory_or_fail(devices, memory):
     return min(reported)
 
 
-def _trial_step(model, device, rows):
-    """One forward and backward pass of `rows` random rows on `device`."""
-    template = _template(model)
-    specs = _input_specs(template, rows)
-    with tf.device(device):
-        xs = [tf.zeros(s.shape, s.dtype) for s in specs]
-        with tf.GradientTape() as tape:
-            outputs = template(xs[0] if len(xs) == 1 else xs, training=True)
-            loss = tf.add_n([tf.reduce_mean(tf.cast(o, tf.float32))
-                             for o in tf.nest.flatten(outputs)])
-        gradients = tape.gradient(loss, template.trainable_variables)
-        for gradient in gradients:
-            if isinstance(gradient, tf.IndexedSlices):
-                gradient = gradient.values
-            if gradient is not None:
-                gradient.numpy()
-
-
 def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
                     trial=None, max_batch_size=2**20):
     """The largest global batch whose plan fits every device's memory.
@@ -586,11 +460,16 @@ def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
 
 
 def _back_off(model, device, rows):
+    """The rows of the largest trial pass that runs on `device` (TensorFlow)."""
+    from multigpu.runtime import tensorflow as tensorflow_runtime
+
+    template = _template(model)
     while True:
         try:
-            _trial_step(model, device, rows)
+            tensorflow_runtime.trial_pass(
+                template, device, _input_specs(template, rows))
             return rows
-        except tf.errors.ResourceExhaustedError:
+        except tensorflow_runtime.OUT_OF_MEMORY:
             if rows <= 1:
                 raise
             rows = max(1, min(rows - 1, int(rows * 0.9)))

@@ -22,9 +22,8 @@ import warnings
 
 import keras
 import numpy as np
-import tensorflow as tf
 
-from multigpu import arguments, backends, messages
+from multigpu import arguments, backends, messages, runtime
 from multigpu import devices as devices_lib
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.insight import scaling
@@ -47,18 +46,20 @@ def _devices_and_engine(model):
             return list(devices), model.engine
         engine = "mirrored" if hasattr(model, "strategy") else "replicate"
         return list(devices), engine
-    if backends.is_jax():
-        available = devices_lib.available_devices()
-        return [(available["GPU"] or available["CPU"])[0]], "single"
     strategy = getattr(model, "distribute_strategy", None)
-    if strategy is not None and strategy.num_replicas_in_sync > 1:
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if replicas > 1:  # only TensorFlow's strategies have several
         return list(strategy.extended.worker_devices), "strategy"
-    return ["/device:CPU:0" if not tf.config.list_logical_devices("GPU")
-            else "/device:GPU:0"], "single"
+    available = devices_lib.available_devices()
+    return [(available["GPU"] or available["CPU"])[0]], "single"
 
 
 def _local_batch(model, data):
-    """A batch drawn by `fit` as plain tensors (one strategy's parts joined)."""
+    """A batch drawn by `fit` as plain tensors (one strategy's parts joined).
+
+    On TensorFlow only: its iterators and strategies (`_first_step`).
+    """
+    tf = runtime.loaded_tensorflow()
     strategy = getattr(model, "distribute_strategy", None)
 
     def joined(value):
@@ -76,12 +77,15 @@ def _rows(batch):
 
 
 def _block(result):
-    """`result` once computed: JAX returns from a step before it ends."""
-    if backends.is_jax():
-        import jax
+    """`result` once computed (`runtime.of_backend().wait`)."""
+    return runtime.of_backend().wait(result)
 
-        jax.block_until_ready(result)
-    return result
+
+def _tensorflow_iterator(iterator):
+    """Whether `iterator` is a `tf.data` or `tf.distribute` iterator."""
+    tf = runtime.loaded_tensorflow()
+    return tf is not None and isinstance(
+        iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
 
 
 def _median(values):
@@ -242,7 +246,8 @@ class ScalingMonitor(keras.callbacks.Callback):
                 raise StopIteration
             logs = _block(original(*state, iter(batches)))
             batch = batches[0]
-        elif isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+        elif _tensorflow_iterator(iterator):
+            tf = runtime.loaded_tensorflow()
             batches = []
             for _ in range(steps):
                 try:
@@ -272,7 +277,8 @@ class ScalingMonitor(keras.callbacks.Callback):
         return logs
 
     def _same_kind(self, iterator, batches):
-        """An iterator like `fit`'s over the batches drawn from it."""
+        """An iterator like `fit`'s over the batches drawn from it (TensorFlow's)."""
+        tf = runtime.loaded_tensorflow()
         dataset = tf.data.Dataset.from_tensors(batches[0])
         for batch in batches[1:]:
             dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
@@ -285,10 +291,11 @@ class ScalingMonitor(keras.callbacks.Callback):
         if backends.is_jax():
             self._measure_jax_baseline(batch)
             return
+        tf = runtime.loaded_tensorflow()  # the backend: imported
         model = self.model
         template = getattr(model, "template", model)
         try:
-            with tf.device(self._devices[0]):
+            with runtime.of_backend().device_scope(self._devices[0]):
                 copy = keras.models.clone_model(template)
                 if copy.distribute_strategy.num_replicas_in_sync != 1:
                     raise ValueError(
@@ -303,7 +310,7 @@ class ScalingMonitor(keras.callbacks.Callback):
                 for i in range(self.baseline_steps + 1):
                     start = time.perf_counter()
                     logs = copy.train_function(iterator)
-                    for value in tf.nest.flatten(logs):
+                    for value in keras.tree.flatten(logs):
                         value.numpy()
                     if i:
                         seconds.append(time.perf_counter() - start)
@@ -338,14 +345,10 @@ class ScalingMonitor(keras.callbacks.Callback):
         optimizer and traces the step), then `baseline_steps` timed steps
         through its train function, as `fit` calls it on JAX.
         """
-        import jax
-
-        from multigpu.engines.jax import mesh as mesh_lib
-
         model = self.model
         template = getattr(model, "template", model)
         try:
-            with jax.default_device(mesh_lib.jax_device(self._devices[0])):
+            with runtime.of_backend().device_scope(self._devices[0]):
                 batch = keras.tree.map_structure(
                     lambda a: a if a is None else np.asarray(a), batch)
                 copy = keras.models.clone_model(template)

@@ -64,7 +64,7 @@ def busiest_bytes(traffic):
 
     Args:
         traffic: `{device: (sent, received)}`
-            (`multigpu.placement.communication.bytes_by_device`), or a
+            (`multigpu.placement.traffic.bytes_by_device`), or a
             `PlacementReport` (its `sent_bytes`/`received_bytes`).
 
     Returns:

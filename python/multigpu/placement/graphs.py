@@ -8,7 +8,7 @@ rather than what was asked for.
 
 import collections
 
-from multigpu import internals
+from multigpu import tensorflow_internals
 from multigpu.devices import short_device_name
 from multigpu.messages import literal
 from multigpu.variables import variable_bytes, variable_components
@@ -45,7 +45,7 @@ def executed_node_defs(fn, *args, **kwargs):
     >>> sorted({node.op for _, node in nodes if "Send" in node.op})
     ['_Send']
     """
-    ctx = internals.eager_context()
+    ctx = tensorflow_internals.eager_context()
     ctx.enable_run_metadata()
     try:
         # Drop graphs recorded earlier (functions instantiated since the last
@@ -172,9 +172,3 @@ def variables_by_device(model):
             totals[device][0] += 1
             totals[device][1] += variable_bytes(part)
     return {device: tuple(v) for device, v in totals.items()}
-
-
-def gradient_bytes(model):
-    """Bytes of one copy of a model's trainable weights (and gradients)."""
-    seen = {id(w): w for w in model.trainable_weights}
-    return sum(variable_bytes(w) for w in seen.values())

@@ -12,7 +12,7 @@ import tempfile
 
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import tensorflow_internals
 
 
 def trace_op_times(run):
@@ -36,7 +36,7 @@ def trace_op_times(run):
                           recursive=True)
         if not paths:
             return None, "the TensorFlow profiler wrote no trace"
-        space = internals.profiler_space(paths[0])
+        space = tensorflow_internals.profiler_space(paths[0])
     return times_from_space(space), None
 
 

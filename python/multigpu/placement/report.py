@@ -1,13 +1,19 @@
-"""`placement_report`: where a model's weights live and one step's work runs."""
+"""`placement_report`: where a model's weights live and one step's work runs.
+
+TensorFlow's report reads the graphs and profile of a step it ran
+(`graphs`, `profiler`, `communication`, `step`), JAX's the program XLA
+compiled (`xla`); each is imported by its branch, so that the report on
+JAX needs no TensorFlow.
+"""
 
 import collections
 
 from multigpu import backends
 from multigpu import devices as devices_lib
 from multigpu.messages import setting
-from multigpu.placement import communication, profiler, step
-from multigpu.placement.graphs import PLUMBING_OPS, gradient_bytes, variables_by_device
+from multigpu.placement.arguments import check_report_args, check_trainable
 from multigpu.placement.table import PlacementReport
+from multigpu.placement.traffic import bytes_by_device, gradient_bytes
 
 
 def report_devices(observed):
@@ -99,12 +105,25 @@ def placement_report(model, x=None, y=None, print_table=True):
     >>> [row["device"] for row in report if not row["ops"]]   # idle devices
     []
     """
-    step.check_report_args(model, x, y, print_table)
+    check_report_args(model, x, y, print_table)
     if backends.is_jax():
         report = jax_report(model, x, y)
-        if print_table:
-            print(report.table())
-        return report
+    else:
+        report = tensorflow_report(model, x, y)
+    if print_table:
+        print(report.table())
+    return report
+
+
+def tensorflow_report(model, x, y):
+    """`placement_report` on the TensorFlow backend, from a step it ran.
+
+    The step runs on the batch, observed (`multigpu.placement.step`), and
+    the model is restored after it.
+    """
+    from multigpu.placement import communication, profiler, step
+    from multigpu.placement.graphs import PLUMBING_OPS, variables_by_device
+
     variables = variables_by_device(model)
     nodes, times, transfers, notes = None, None, None, []
     if x is None:
@@ -132,7 +151,7 @@ def placement_report(model, x=None, y=None, print_table=True):
     ops = collections.Counter(
         n.device for n in nodes or [] if n.op not in PLUMBING_OPS
     )
-    moved = communication.bytes_by_device(transfers or [])
+    moved = bytes_by_device(transfers or [])
     rows = [
         {
             "device": device,
@@ -159,14 +178,11 @@ def placement_report(model, x=None, y=None, print_table=True):
         if unknown:
             notes.append(f"{unknown} transfer(s) of unknown size counted as "
                          "0 bytes (tensors the debugger did not record)")
-    report = PlacementReport(
+    return PlacementReport(
         rows, notes, transfers=transfers,
         gradient_bytes=gradient_bytes(model),
         replicas=max(1, sum(1 for r in rows if r["ops"])),
     )
-    if print_table:
-        print(report.table())
-    return report
 
 
 def jax_report(model, x, y):
@@ -184,7 +200,7 @@ def jax_report(model, x, y):
             "arrays are; pass x (and y) to read a compiled prediction "
             "(training) step"])
     if y is not None:
-        step.check_trainable(model)
+        check_trainable(model)
     compiled = xla.observe_compiled_step(model, x, y)
     return jax_rows_report(model, compiled["weights"], compiled,
                            jax_notes(compiled))
@@ -230,7 +246,7 @@ def jax_notes(compiled):
 def jax_rows_report(model, weights, compiled, notes):
     """A `PlacementReport` of JAX's placement: one row per device."""
     transfers = None if compiled is None else compiled["transfers"]
-    moved = communication.bytes_by_device(transfers or [])
+    moved = bytes_by_device(transfers or [])
     running = [] if compiled is None else compiled["devices"]
     devices = report_devices(set(weights) | set(running))
     counted = compiled is not None and compiled["batch_rows"] is not None

@@ -5,13 +5,11 @@ TensorFlow exports their graphs), records its tensors' sizes, partition
 graphs and profile, and restores weights, optimizer and metric state.
 """
 
-import keras
 
-from multigpu.arguments import check_flag
 from multigpu.devices import HOST_DEVICE
-from multigpu.distribute import inputs
-from multigpu.messages import literal, setting
+from multigpu.messages import setting
 from multigpu.placement import communication, profiler
+from multigpu.placement.arguments import check_report_args, check_trainable
 from multigpu.placement.graphs import (
     ExecutedNode,
     executed_node_defs,
@@ -49,20 +47,6 @@ def step_runner(model, x, y):
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
     return (lambda: model.train_on_batch(x, y)), "train", "train_function"
-
-
-def check_trainable(model):
-    """Refuses targets for a model that has no training step.
-
-    Raises:
-        ValueError: if `model` is not compiled.
-    """
-    if getattr(model, "optimizer", None) is None:
-        raise ValueError(
-            f"Invalid `y`: received targets, but model {literal(model.name)} is not "
-            "compiled, so it has no training step. Call model.compile(...) "
-            f"first, or pass {setting('y', None)} to observe a prediction step."
-        )
 
 
 class Restored:
@@ -162,14 +146,14 @@ def step_traffic(model, x, y=None):
             prediction step.
 
     Returns:
-        A list of `multigpu.placement.communication.Transfer`.
+        A list of `multigpu.placement.traffic.Transfer`.
 
     Raises:
         TypeError, ValueError, RuntimeError: as `placement_report`.
 
     Example:
     >>> transfers = step_traffic(parallel, x[:64], y[:64])
-    >>> communication.bytes_by_kind(transfers)["weights"]
+    >>> traffic.bytes_by_kind(transfers)["weights"]
     3276800
     """
     check_report_args(model, x, y, True)
@@ -185,26 +169,3 @@ def step_traffic(model, x, y=None):
             setattr(model, attribute, previous)
     return model_transfers(model, node_defs, sizes,
                             variables_by_device(model))
-
-
-def check_report_args(model, x, y, print_table):
-    """Checks `placement_report`'s (and `step_traffic`'s) arguments.
-
-    Raises:
-        TypeError: if `model` is not a `keras.Model`.
-        ValueError: for `y` without `x`, rows `x` cannot give, or a
-            non-bool `print_table`.
-    """
-    if not isinstance(model, keras.Model):
-        raise TypeError(
-            f"Invalid `model`: received an object of type "
-            f"{type(model).__name__}; expected a keras.Model."
-        )
-    if x is None and y is not None:
-        raise ValueError(
-            f"Invalid `x`: received {literal(None)} with targets `y`; a training step "
-            "needs inputs. Pass x (and y) for one batch."
-        )
-    if x is not None:
-        inputs.check_rows("x", x, "placement_report")
-    check_flag("print_table", print_table)

@@ -1,6 +1,6 @@
 """Table output: a placement report as rows, and as the text it prints."""
 
-from multigpu.placement import communication
+from multigpu.placement import traffic
 
 
 def format_bytes(n):
@@ -32,7 +32,7 @@ class PlacementReport(list):
 
     Attributes:
         notes: Sentences explaining the columns and what was observed.
-        transfers: The step's `multigpu.placement.communication.Transfer`s (tensors
+        transfers: The step's `multigpu.placement.traffic.Transfer`s (tensors
             that crossed from one device to another), or None without a
             batch.
         gradient_bytes: Bytes of the model's trainable weights (one copy).
@@ -56,7 +56,7 @@ class PlacementReport(list):
         self.replicas = replicas
         self.collectives = collectives
         self.batch_rows = batch_rows
-        self.ring_bound_bytes = communication.ring_allreduce_bytes(
+        self.ring_bound_bytes = traffic.ring_allreduce_bytes(
             gradient_bytes, replicas)
 
     def transfer_rows(self):
@@ -64,17 +64,17 @@ class PlacementReport(list):
 
         Returns:
             A list of dicts with keys `source`, `destination`, one key per
-            kind of `multigpu.placement.communication.KINDS` (bytes) and `total`.
+            kind of `multigpu.placement.traffic.KINDS` (bytes) and `total`.
         """
         pairs = {}
         for (source, destination, kind), nbytes in sorted(
-                communication.bytes_by_pair(self.transfers or []).items()):
+                traffic.bytes_by_pair(self.transfers or []).items()):
             row = pairs.setdefault((source, destination), dict(
                 {"source": source, "destination": destination},
-                **dict.fromkeys(communication.KINDS, 0)))
+                **dict.fromkeys(traffic.KINDS, 0)))
             row[kind] += nbytes
         for row in pairs.values():
-            row["total"] = sum(row[k] for k in communication.KINDS)
+            row["total"] = sum(row[k] for k in traffic.KINDS)
         return list(pairs.values())
 
     def table(self):
@@ -101,7 +101,7 @@ class PlacementReport(list):
             pairs = self.transfer_rows()
             text.append("")
             if pairs:
-                kinds = [k for k in communication.KINDS
+                kinds = [k for k in traffic.KINDS
                          if any(p[k] for p in pairs)]
                 text += text_table(
                     ["from", "to"] + kinds + ["total"],

@@ -26,9 +26,9 @@ import numpy as np
 
 from multigpu import internals
 from multigpu.engines.jax import mesh as mesh_lib
-from multigpu.placement import communication, hlo
+from multigpu.placement import hlo, traffic
 
-# How a collective's traffic is counted among `communication.KINDS`: a
+# How a collective's traffic is counted among `traffic.KINDS`: a
 # reduction of per-device values (gradients, loss and metric sums) is the
 # all-reduce; gathering or exchanging rows moves batch-derived tensors
 # (the engine's weights are whole on every device).
@@ -214,7 +214,7 @@ def collective_transfers(collectives, devices):
     each target.
 
     Returns:
-        A list of `communication.Transfer`.
+        A list of `traffic.Transfer`.
     """
     n = len(devices)
     transfers = []
@@ -224,17 +224,17 @@ def collective_transfers(collectives, devices):
         kind = _KIND.get(c.op, "all-reduce")
         if c.pairs is not None:
             transfers += [
-                communication.Transfer(devices[s], devices[t], kind, c.name, c.bytes)
+                traffic.Transfer(devices[s], devices[t], kind, c.name, c.bytes)
                 for s, t in c.pairs if s != t and max(s, t) < n]
             continue
         if c.op == "all-reduce":
-            sent = communication.ring_allreduce_bytes(c.bytes, n)
+            sent = traffic.ring_allreduce_bytes(c.bytes, n)
         elif c.op == "all-gather":
             sent = float((n - 1) * c.bytes)
         else:
             sent = (n - 1) / n * c.bytes
         transfers += [
-            communication.Transfer(device, devices[(i + 1) % n], kind, c.name, sent)
+            traffic.Transfer(device, devices[(i + 1) % n], kind, c.name, sent)
             for i, device in enumerate(devices)]
     return transfers
 

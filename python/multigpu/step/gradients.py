@@ -16,7 +16,7 @@ import contextlib
 
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import tensorflow_internals
 
 _OVERRIDE_ATTRIBUTE = "_gradient_op_type"
 
@@ -44,15 +44,15 @@ def gradients_owned_by_ops():
     ...     with gradients_owned_by_ops():
     ...         return model_step(x)
     """
-    before = internals.registered_gradient_names()
+    before = tensorflow_internals.registered_gradient_names()
     yield
     if tf.executing_eagerly():
         return
-    new = internals.registered_gradient_names() - before
+    new = tensorflow_internals.registered_gradient_names() - before
     if not new:
         return
     for op in tf.compat.v1.get_default_graph().get_operations():
         name = _gradient_name(op)
         if name in new:
-            internals.move_gradient_to_op(op, name)
+            tensorflow_internals.move_gradient_to_op(op, name)
             new.discard(name)

@@ -40,7 +40,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import internals, tensorflow_internals
 from multigpu.messages import setting
 
 
@@ -267,7 +267,7 @@ def casts_of_finite():
         return
     _tracing.depth = getattr(_tracing, "depth", 0) + 1
     try:
-        with internals.op_callback(_finite_before_integer_cast):
+        with tensorflow_internals.op_callback(_finite_before_integer_cast):
             yield
     finally:
         _tracing.depth -= 1

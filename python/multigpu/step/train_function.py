@@ -15,7 +15,7 @@ first, whatever order they were registered in.
   batches trained before the interruption without training on them
   (`multigpu.checkpoints.resume.skipping_train_function`).
 * `"monitor"` (`multigpu.insight.monitor.ScalingMonitor`): times each step.
-* `"guard"` (the engines, `multigpu.step.nonfinite.Reporting`): a step that
+* `"guard"` (the engines, `multigpu.step.guard.Reporting`): a step that
   failed the NaN/inf check raises `NonFiniteInputError`.
 * `"watch"` (the engines, `multigpu.engines.template`): notes the iterator
   the step was given, which a failed `fit` frees.
@@ -38,7 +38,7 @@ removing the last restores that function itself.
 When Keras makes a new train function (`compile`, `train_function = None`
 then the next `fit`, `make_train_function(force=True)`) the chain it
 replaces is gone with its links: the model registers its own again
-(`TemplateBacked.make_train_function`, which also keeps the links of a
+(`TensorFlowTrainer.make_train_function`, which also keeps the links of a
 forced remake, `keeping_links`), a callback at its next `on_train_begin`.
 
 A `fit` ends without `on_train_end` when it raises. The links of the fit
@@ -66,17 +66,13 @@ Example:
 import contextlib
 import weakref
 
-import tensorflow as tf
-
 from multigpu.messages import literal, literals
+from multigpu.runtime import loaded_tensorflow
 
 # The links, outermost first.
 ORDER = ("resume", "monitor", "guard", "watch")
 # The links that last one `fit`.
 FIT_LINKS = frozenset({"resume", "monitor"})
-# What a train function raises when the data is exhausted: the epoch ends,
-# the fit goes on.
-_END_OF_DATA = (StopIteration, tf.errors.OutOfRangeError)
 
 
 class Chain:
@@ -117,13 +113,24 @@ class Chain:
     def __call__(self, *args, **kwargs):
         try:
             return self._call(*args, **kwargs)
-        except _END_OF_DATA:
-            raise
-        except BaseException:
+        except BaseException as error:
             model = self._model()
-            if model is not None:
+            if model is not None and not _end_of_data(error):
                 _remove(model, FIT_LINKS)
             raise
+
+
+def _end_of_data(error):
+    """Whether a train function raised `error` because the data ran out.
+
+    The epoch then ends and the fit goes on: `StopIteration`, or on a
+    `tf.data` input TensorFlow's `OutOfRangeError` (which exists only once
+    TensorFlow is imported).
+    """
+    if isinstance(error, StopIteration):
+        return True
+    tf = loaded_tensorflow()
+    return tf is not None and isinstance(error, tf.errors.OutOfRangeError)
 
 
 def _set(model, function):

@@ -1,20 +1,20 @@
 """The engines' training step: Keras's, run only on finite data.
 
-`train_step(model, data, ...)` is what every engine's model runs as
-`train_step` (`multigpu.engines.template.TemplateBacked`): the forward pass, the
+`train_step(model, data, ...)` is what the TensorFlow engines' models run
+as `train_step` (`multigpu.engines.tensorflow.trainer.TensorFlowTrainer`): the forward pass, the
 loss and its tracker, the gradients, the update and the metrics, as
 `keras.Model.train_step` does them on TensorFlow, with two differences.
 
 * With the NaN/inf guard on (`model.check_finite`), the batch is checked
-  (`multigpu.step.nonfinite`), and every write of the step waits for the verdict:
+  (`multigpu.step.guard`), and every write of the step waits for the verdict:
   a `tf.debugging.Assert` that fails on a bad batch, after its findings
-  were written to the model's `nonfinite.Record`. The forward pass, the loss
+  were written to the model's `guard.Record`. The forward pass, the loss
   and the gradients run beside the check, on the variables' values read at
   the start of the step (`_guarded_step`, `multigpu.step.stateless`): what they
   write is captured and written after the verdict. A bad batch thus
   writes nothing (BatchNormalization's statistics, Dropout's seed, the
   weights, the optimizer, the metrics). The train function then raises
-  `nonfinite.NonFiniteInputError` from the record (`nonfinite.Reporting`). A
+  `nonfinite.NonFiniteInputError` from the record (`guard.Reporting`). A
   batch with no floating-point tensor (integer tokens and labels) has
   nothing to check, and its step is Keras's.
 * Under a `tf.distribute` strategy (the mirrored engine) each replica checks
@@ -42,9 +42,9 @@ import warnings
 import keras
 import tensorflow as tf
 
-from multigpu import internals
+from multigpu import internals, tensorflow_internals
 from multigpu.step import gradients as gradients_lib
-from multigpu.step import nonfinite, stateless
+from multigpu.step import guard, nonfinite, stateless
 
 
 def _verdict(ok, checked, record, layout, counting):
@@ -54,9 +54,9 @@ def _verdict(ok, checked, record, layout, counting):
     cross-replica context (a `merge_call`; without a strategy, here).
 
     Args:
-        ok: `nonfinite.check(checked)`.
+        ok: `guard.check(checked)`.
         checked: The replica's checked tensors.
-        record: The model's `nonfinite.Record`.
+        record: The model's `guard.Record`.
         layout: The index of the checked tensors' layout in the record.
         counting: Whether to count the step (several steps per call).
 
@@ -77,11 +77,11 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     """One training step of an engine's `model` on its share of `data`.
 
     Args:
-        model: A compiled model of an engine (`TemplateBacked`), or any
+        model: A compiled model of an engine (`TensorFlowTrainer`), or any
             compiled model whose step is Keras's (`fit_distributed`).
         data: The batch (a replica's share under a strategy): `x`,
             `(x, y)` or `(x, y, sample_weight)`.
-        record: The model's `nonfinite.Record`, or None to train without the
+        record: The model's `guard.Record`, or None to train without the
             NaN/inf check.
         input_names: The model's input names (see `nonfinite.checked_leaves`).
         output_names: The model's output names.
@@ -97,7 +97,7 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     leaves = [] if record is None else nonfinite.checked_leaves(
-        x, y, sample_weight, input_names, output_names)
+        x, y, sample_weight, guard.is_checked, input_names, output_names)
     if not leaves:
         # Unguarded, or nothing to check (integer tokens and labels).
         return _step(model, x, y, sample_weight, weigh_rows)
@@ -168,7 +168,7 @@ def _guarded_step(model, x, y, sample_weight, checked,
     Returns:
         The logs.
     """
-    ok = nonfinite.check(checked)
+    ok = guard.check(checked)
     eager = tf.executing_eagerly()
     if eager:
         # Run eagerly (`run_eagerly=True`), ops run in the program's order
@@ -395,9 +395,9 @@ def _apply_whole(optimizer, grads, variables):
     if not tf.distribute.in_cross_replica_context():
         optimizer.apply(grads, variables)
         return
-    internals.run_cross_replica_merge_calls_inline()
+    tensorflow_internals.run_cross_replica_merge_calls_inline()
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        internals.apply_loss_scaled(optimizer, grads, variables)
+        tensorflow_internals.apply_loss_scaled(optimizer, grads, variables)
     else:
         optimizer.apply(grads, variables)
 

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import multigpu
-from multigpu.distribute import inputs
+from multigpu import inputs
 from multigpu.messages import language
 from support.models import copy_of, max_weight_difference, mlp
 

@@ -283,7 +283,8 @@ def test_parallel_model_as_a_layer_of_another_model(rng):
 
 def test_sequential_template_with_single_device_fallback(rng, monkeypatch):
     from multigpu import devices as devices_lib
-    monkeypatch.setattr(devices_lib, "_logical_devices",
+    from multigpu.runtime import tensorflow as tensorflow_runtime
+    monkeypatch.setattr(tensorflow_runtime, "logical_devices",
                         {"GPU": [], "CPU": ["/device:CPU:0"]}.__getitem__)
     devices_lib.STATE.reset()
     template = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])

@@ -12,7 +12,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
-from multigpu.placement import communication
+from multigpu.placement import traffic
 
 ROWS = 12
 WEIGHTS = (8 * 16 + 16 + 16 * 4 + 4) * 4
@@ -54,8 +54,8 @@ def test_replicate_sends_weights_out_and_gradients_back(n):
     assert set(pairs) == ({(host, d) for d in DEVICES[1:n]}
                           | {(d, host) for d in DEVICES[1:n]})
     for device in DEVICES[1:n]:
-        out = kinds(pairs[(host, device)], *communication.KINDS)
-        back = kinds(pairs[(device, host)], *communication.KINDS)
+        out = kinds(pairs[(host, device)], *traffic.KINDS)
+        back = kinds(pairs[(device, host)], *traffic.KINDS)
         # Weights read by the replica; its input slice; the gradient of the
         # loss with respect to its outputs.
         assert out == {"weights": WEIGHTS, "activations": rows * INPUT_ROW,
@@ -141,9 +141,9 @@ def test_strategy_built_model_all_reduces_and_plain_model_moves_nothing():
 
 
 def test_ring_allreduce_bytes():
-    assert communication.ring_allreduce_bytes(1000, 1) == 0
-    assert communication.ring_allreduce_bytes(1000, 2) == 1000
-    assert communication.ring_allreduce_bytes(1000, 8) == 1750
+    assert traffic.ring_allreduce_bytes(1000, 1) == 0
+    assert traffic.ring_allreduce_bytes(1000, 2) == 1000
+    assert traffic.ring_allreduce_bytes(1000, 8) == 1750
 
 
 def test_convolution_gradients_are_sized_with_their_fused_bias():
@@ -161,5 +161,5 @@ def test_convolution_gradients_are_sized_with_their_fused_bias():
     transfers = multigpu.placement.step_traffic(parallel, x, y)
     weights = sum(w.nbytes for w in parallel.template.get_weights())
     assert all(t.bytes is not None for t in transfers)
-    by_kind = communication.bytes_by_kind(transfers)
+    by_kind = traffic.bytes_by_kind(transfers)
     assert by_kind["weights"] == by_kind["gradients"] == weights

@@ -14,7 +14,7 @@ import pytest
 
 import multigpu
 from conftest import DEVICES
-from multigpu.step import nonfinite
+from multigpu.step import guard as guard_lib
 from multigpu.step.nonfinite import NonFiniteInputError
 from support.models import ZOO, zoo_batch
 
@@ -173,13 +173,13 @@ def test_only_the_writes_wait_for_the_assertion(rng, engine, monkeypatch):
     import tensorflow as tf
 
     graphs = []
-    asserted = nonfinite.Record.asserted
+    asserted = guard_lib.Record.asserted
 
     def spying(self, oks, counting):
         graphs.append(tf.compat.v1.get_default_graph())
         return asserted(self, oks, counting)
 
-    monkeypatch.setattr(nonfinite.Record, "asserted", spying)
+    monkeypatch.setattr(guard_lib.Record, "asserted", spying)
     model = multigpu.multi_gpu_model(_template(), gpus=TWO, engine=engine)
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     x, y = _batches(rng, 32)

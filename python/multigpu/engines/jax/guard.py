@@ -65,8 +65,8 @@ def findings(batch, input_names=(), output_names=()):
     Findings(leaves=[...], counts=[...])
     """
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    leaves = nonfinite.checked_leaves(x, y, sample_weight, input_names,
-                                      output_names, keep=is_float_array)
+    leaves = nonfinite.checked_leaves(x, y, sample_weight, is_float_array,
+                                      input_names, output_names)
     if all(np.isfinite(_host_values(array)).all() for _, array in leaves):
         return None
     return nonfinite.Findings([leaf for leaf, _ in leaves],

@@ -16,8 +16,7 @@ batches that divide evenly between the devices.
 
 import keras
 
-from multigpu import internals
-from multigpu.distribute import inputs
+from multigpu import inputs, internals
 from multigpu.engines.functional import batch_input_like, callable_graph, layer_name
 from multigpu.engines.jax import guard
 from multigpu.engines.jax import mesh as mesh_lib

@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 
 from multigpu import internals
-from multigpu.engines.template import layer_without_jit
+from multigpu.engines.tensorflow.trainer import layer_without_jit
 from multigpu.messages import literal, setting
 from multigpu.step import stateless
 

@@ -27,9 +27,8 @@ import contextlib
 
 import keras
 
-from multigpu import internals
+from multigpu import internals, tensorflow_internals
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.distribute.inputs import bound_arguments
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.engines.copies import copy_in_scope
 from multigpu.engines.functional import callable_graph, layer_name, output_names
@@ -46,6 +45,8 @@ from multigpu.engines.tensorflow.forward import (
     run_pass,
 )
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
+from multigpu.engines.tensorflow.trainer import TensorFlowTrainer
+from multigpu.inputs import bound_arguments
 from multigpu.messages import literal, setting
 
 
@@ -178,7 +179,8 @@ def _outputs_renamed(graph, names):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class MirroredModel(TemplateBacked, internals.BuildsFromOneReplica, keras.Model):
+class MirroredModel(TensorFlowTrainer, TemplateBacked,
+                    tensorflow_internals.BuildsFromOneReplica, keras.Model):
     """A copy of `template` trained with `tf.distribute.MirroredStrategy`.
 
     Made by `multi_gpu_model(model, engine="mirrored")`. Use it like the

@@ -25,6 +25,7 @@ from multigpu.engines.tensorflow.forward import (
     split_bounds,
 )
 from multigpu.engines.tensorflow.sync_batchnorm import GlobalBatchWalk
+from multigpu.engines.tensorflow.trainer import TensorFlowTrainer
 from multigpu.step import gradients as gradients_lib
 
 
@@ -200,7 +201,7 @@ class DataParallelReplicas(TemplateLayer):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ParallelModel(TemplateWrapper):
+class ParallelModel(TensorFlowTrainer, TemplateWrapper):
     """A Keras model that runs one replica of `template` per device.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,

@@ -247,14 +247,14 @@ def test_the_template_variables_are_replicated_on_the_devices():
 def test_nothing_on_the_jax_path_starts_tensorflow():
     # TensorFlow is installed (and imported) beside JAX, but training,
     # evaluating, predicting and saving on JAX never start its runtime.
-    from multigpu import internals
+    from multigpu import tensorflow_internals
 
     parallel = compiled(multigpu.multi_gpu_model(normalized_mlp(), gpus=4), "adam")
     x, y = rows_of(10)
     parallel.fit(x, y, batch_size=4, epochs=1, verbose=0)
     parallel.evaluate(x, y, verbose=0)
     parallel.predict(x, verbose=0)
-    assert not internals.tensorflow_started()
+    assert not tensorflow_internals.tensorflow_started()
 
 
 def test_every_device_by_default_and_the_data_checked_as_on_tensorflow():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import multigpu
-from multigpu.placement import communication, hlo
+from multigpu.placement import hlo, traffic
 
 DEVICES = [f"/device:CPU:{i}" for i in range(4)]
 
@@ -71,7 +71,7 @@ def test_the_compiled_training_step_splits_rows_and_all_reduces(parallel):
     reduced = [c for c in report.collectives if c["op"] == "all-reduce"]
     assert reduced and all(c["devices"] == 4 for c in reduced)
     assert sum(c["bytes"] for c in reduced) >= report.gradient_bytes
-    ring = sum(communication.ring_allreduce_bytes(c["bytes"], 4)
+    ring = sum(traffic.ring_allreduce_bytes(c["bytes"], 4)
                for c in report.collectives)
     assert column(report, "sent_bytes") == dict.fromkeys(DEVICES, ring)
     assert column(report, "collectives") == dict.fromkeys(

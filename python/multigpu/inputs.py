@@ -10,10 +10,12 @@ weights keyed by strings are silently ignored, and `batch_size=0` silently
 means 32.
 
 `checked_call` runs one of those methods of a model of this package
-(`template.TemplateBacked`) with its arguments checked first. Each check
+(`multigpu.engines.template.TemplateBacked`) with its arguments checked first. Each check
 refuses one kind of input with a `ValueError` that names the argument, the
 value and the fix; inputs Keras refuses clearly itself are left to Keras,
-and plain Keras models are not touched. `check_rows` also serves
+and plain Keras models are not touched. It imports no TensorFlow: every
+engine checks its data here, and a TensorFlow value (`is_tensorflow`) is
+recognised only once TensorFlow is imported. `check_rows` also serves
 `placement_report`, `check_batched` `fit_distributed`. `bound_arguments`
 names the arguments of a call of a `keras.Model` method, for the checks
 here and for the engines that rewrite `fit`'s or `compile`'s arguments.
@@ -21,14 +23,13 @@ here and for the engines that rewrite `fit`'s or `compile`'s arguments.
 
 import inspect
 import numbers
+import operator
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from multigpu import internals
 from multigpu.arguments import check_int, is_int
-from multigpu.distribute import strategy as strategy_lib
 from multigpu.messages import (
     R_NA_INTEGER,
     api,
@@ -37,6 +38,7 @@ from multigpu.messages import (
     literals,
     setting,
 )
+from multigpu.runtime import loaded_tensorflow
 
 # What each method would do with no data, after "expected at least one row:".
 _NOTHING = {
@@ -52,6 +54,35 @@ _VERB = {"fit": "train on", "evaluate": "evaluate", "predict": "predict",
          "validation": "validate on"}
 _CHECK_DATA = "Check how the data was read, filtered or split."
 _SHOWN = 5
+
+
+def is_tensorflow(value, *classes):
+    """Whether `value` is an instance of one of TensorFlow's `classes`.
+
+    Without importing TensorFlow: a TensorFlow value exists only once it
+    is imported, so on JAX without TensorFlow the answer is False.
+
+    Args:
+        value: Anything.
+        *classes: Attribute paths below `tf`, e.g. `"data.Dataset"`.
+
+    Returns:
+        A bool.
+
+    Example:
+    >>> is_tensorflow(np.zeros(3), "Tensor")
+    False
+    """
+    tf = loaded_tensorflow()
+    if tf is None:
+        return False
+    return isinstance(value, tuple(operator.attrgetter(name)(tf)
+                                   for name in classes))
+
+
+def is_dataset(value):
+    """Whether `value` is a `tf.data.Dataset` (False without TensorFlow)."""
+    return is_tensorflow(value, "data.Dataset")
 
 
 def bound_arguments(method, model, args=(), kwargs=None, defaults=False):
@@ -104,7 +135,7 @@ def _bound(method, model, args, kwargs):
 
 def _shape(leaf):
     """`leaf`'s shape as a tuple (None for unknown sizes), or None."""
-    if isinstance(leaf, tf.data.Dataset):
+    if is_dataset(leaf):
         return None
     shape = getattr(leaf, "shape", None)
     if shape is None:
@@ -157,7 +188,7 @@ def check_rows(name, value, method):
     Traceback (most recent call last):
     ValueError: Invalid `x`: received 0 rows; expected at least one row: ...
     """
-    if isinstance(value, tf.data.Dataset):
+    if is_dataset(value):
         if int(value.cardinality()) == 0:
             raise ValueError(
                 f"Invalid `{name}`: received a tf.data.Dataset of 0 batches; "
@@ -209,7 +240,7 @@ def _ragged_error(name):
 def _check_dense(name, value, model):
     if any(getattr(t, "ragged", False) for t in _model_inputs(model)):
         return
-    if any(isinstance(leaf, (tf.RaggedTensor, tf.RaggedTensorSpec))
+    if any(is_tensorflow(leaf, "RaggedTensor", "RaggedTensorSpec")
            for leaf in keras.tree.flatten(value)):
         raise _ragged_error(name)
 
@@ -223,7 +254,7 @@ def _string_dtype(leaf):
             return str(leaf.dtype)
         return None
     dtype = getattr(leaf, "dtype", None)
-    if isinstance(dtype, tf.DType) and dtype == tf.string:
+    if is_tensorflow(dtype, "DType") and dtype.name == "string":
         return "string"
     return None
 
@@ -295,8 +326,8 @@ def _sparse_loss(loss):
 
 def _numbers(leaf):
     """`leaf` as a NumPy array of numbers, or None (strings, datasets, ...)."""
-    if not isinstance(leaf, (np.ndarray, tf.Tensor)) or isinstance(
-            leaf, tf.RaggedTensor):
+    if not (isinstance(leaf, np.ndarray) or is_tensorflow(leaf, "Tensor")) or (
+            is_tensorflow(leaf, "RaggedTensor")):
         return None
     try:
         array = np.asarray(leaf)
@@ -377,8 +408,8 @@ def _check_class_indices(name, output, classes, labels, ignore):
 
 def _check_sample_weight(name, model, sample_weight):
     """Weights of one output: one per row, or one per row and time step."""
-    shape = _shape(sample_weight) if isinstance(
-        sample_weight, (np.ndarray, tf.Tensor)) else None
+    shape = _shape(sample_weight) if isinstance(sample_weight, np.ndarray) or (
+        is_tensorflow(sample_weight, "Tensor")) else None
     names, shapes = _outputs(model)
     if not shape or len(names) != 1:
         return
@@ -454,7 +485,7 @@ def _check_class_weight(model, class_weight, x, y):
     if present is not None:
         missing = sorted(present - set(weights))
         where = ", which `y` holds"
-    elif isinstance(x, tf.data.Dataset):
+    elif is_dataset(x):
         missing = sorted(set(range(classes)) - set(weights))
         where = f" of output {literal(names[0])} ({classes} classes)"
     else:
@@ -478,7 +509,7 @@ def check_batched(name, dataset, model):
         ValueError: if every input's elements have one dimension fewer
             than the model's input (no batch dimension), or are ragged.
     """
-    if not isinstance(dataset, tf.data.Dataset):
+    if not is_dataset(dataset):
         return
     spec = dataset.element_spec
     x_spec = keras.utils.unpack_x_y_sample_weight(spec)[0] if isinstance(
@@ -487,7 +518,7 @@ def check_batched(name, dataset, model):
     specs, inputs = keras.tree.flatten(x_spec), _model_inputs(model)
     if not inputs or len(specs) != len(inputs):
         return
-    if all(isinstance(s, tf.TensorSpec) and s.shape.rank is not None
+    if all(is_tensorflow(s, "TensorSpec") and s.shape.rank is not None
            and s.shape.rank == len(i.shape) - 1
            for s, i in zip(specs, inputs)):
         raise ValueError(
@@ -511,7 +542,7 @@ def check_data(model, method, x, y=None, sample_weight=None, name=None):
     """
     names = (name,) * 3 if name else ("x", "y", "sample_weight")
     check_rows(names[0], x, method)
-    if isinstance(x, tf.data.Dataset):
+    if is_dataset(x):
         check_batched(names[0], x, model)
         return
     _check_dense(names[0], x, model)
@@ -551,15 +582,16 @@ def checked_call(model, method, call, args, kwargs):
     """`call(*args, **kwargs)`, `model.<method>`, with its arguments checked.
 
     The hook of `TemplateBacked.fit`, `evaluate`, `predict`,
-    `train_on_batch` and `test_on_batch`: refuses a call inside a strategy's
-    scope that is not the model's (`strategy.check_own_scope`) and bad data
+    `train_on_batch` and `test_on_batch`: refuses what the model's engine
+    refuses first (`model.check_scope(method)`: on the TensorFlow engines,
+    a call inside a strategy's scope that is not the model's) and bad data
     (`check_data`, `batch_size`, `class_weight`) before Keras runs; after
     it, a dataset of unknown size that yielded no batch (Keras returns an
     empty history, the mirrored engine raises `StopIteration`, `predict`
     `UnboundLocalError`).
 
     Args:
-        model: A model of this package.
+        model: A model of this package (a `TemplateBacked`).
         method: The name of the `keras.Model` method called.
         call: The method of the class after `TemplateBacked`, bound.
         args, kwargs: The call's arguments.
@@ -574,7 +606,7 @@ def checked_call(model, method, call, args, kwargs):
     data = "validation_data" if validating else "x"
     for_what = "validation" if validating else method
     if not validating:
-        strategy_lib.check_own_scope(model, method)
+        model.check_scope(method)
         _check_arguments(model, method, arguments)
     try:
         result = call(*args, **kwargs)
