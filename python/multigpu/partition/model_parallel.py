@@ -20,6 +20,7 @@ from multigpu.distribute import strategy as strategy_lib
 from multigpu.engines.functional import callable_graph, layer_name, symbolic_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateWrapper, built_like
+from multigpu.engines.tensorflow.trainer import TensorFlowTrainer
 from multigpu.messages import api, literal, setting
 from multigpu.partition.pipeline import StagePlan, Stages
 from multigpu.partition.stages import is_group, resolve_stages, staged_layers
@@ -90,7 +91,7 @@ def place_template(model, stages, devices):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class PartitionedModel(TemplateWrapper):
+class PartitionedModel(TensorFlowTrainer, TemplateWrapper):
     """A Keras model that runs `template` as stages on several devices.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import multigpu
-from multigpu import backends, internals
+from multigpu import backends, tensorflow_internals
 from multigpu.insight import memory_plan as memory_lib
 from multigpu.messages import language
 from support.models import copy_of, normalized_mlp
@@ -37,10 +37,10 @@ def test_importing_multigpu_on_jax_builds_no_tensorflow_engine():
     # A fresh process: this one may have imported anything by now.
     code = (
         "import sys, multigpu\n"
-        "from multigpu import internals\n"
+        "from multigpu import tensorflow_internals\n"
         "engines = [m for m in sys.modules\n"
         "           if m.startswith('multigpu.engines.tensorflow')]\n"
-        "print(engines, internals.tensorflow_started())\n")
+        "print(engines, tensorflow_internals.tensorflow_started())\n")
     environment = dict(os.environ, KERAS_BACKEND="jax")
     done = subprocess.run([sys.executable, "-c", code], env=environment,
                           capture_output=True, text=True, timeout=600,
@@ -95,7 +95,7 @@ def test_scaling_monitor_measures_without_changing_training():
         summary["baseline_step_seconds"] / summary["step_seconds"])
     assert summary["communication_seconds"] is None
     assert len(monitor.history()["seconds"]) == summary["steps"]
-    assert not internals.tensorflow_started()
+    assert not tensorflow_internals.tensorflow_started()
 
 
 def test_memory_plan_counts_the_same_bytes_on_jax():
@@ -120,7 +120,7 @@ def test_memory_plan_counts_the_same_bytes_on_jax():
                                 device_memory=memory).fits
     assert not multigpu.memory_plan(model, batch + 2, gpus=2,
                                     device_memory=memory).fits
-    assert not internals.tensorflow_started()
+    assert not tensorflow_internals.tensorflow_started()
 
 
 def test_make_or_restore_model_restores_the_newest_checkpoint(tmp_path):
