@@ -31,6 +31,21 @@
 #' per batch: results equal `microbatches = 1` (layers using batch
 #' statistics, such as batch normalisation, see micro-batches).
 #'
+#' @section On the JAX backend:
+#' After `keras3::use_backend("jax")` the model is not cut into stages: each
+#' weight is split across the devices instead (XLA's sharding, through
+#' Keras's `ModelParallel` distribution), along its largest dimension that
+#' the number of devices divides, and every device computes on the whole
+#' batch, so batches of any size give the numbers of one device. A weight
+#' with no such dimension stays whole on every device if it is smaller than
+#' 64 KiB (a bias of 10 classes on 4 devices); a larger one, or a model none
+#' of whose weights can be split, is an error naming the weights and their
+#' shapes. `split` and `microbatches`, which describe stages, are refused
+#' there (leave `split = NULL`, `microbatches = 1`). The returned model (a
+#' Python `ShardedWeightsModel`) has `$template`, `$devices`,
+#' `$weight_layouts()` and `$weight_table()` (the bytes each device holds),
+#' and [memory_plan()] gives each device's share.
+#'
 #' @section Model saving:
 #' `model` itself is copied, not moved: the returned model's `$template` is
 #' that copy, with its weights on the stage devices, and it holds the
@@ -49,7 +64,8 @@
 #'   to cut: see "How `split` is read".
 #' @param microbatches The number of micro-batches each batch is pipelined
 #'   as; 1 (default) for no pipelining.
-#' @returns A Keras model (a Python `PartitionedModel`) used just like
+#' @returns A Keras model (a Python `PartitionedModel`; on JAX a
+#'   `ShardedWeightsModel`, see "On the JAX backend") used just like
 #'   `model`: [compile()][keras3::compile.keras.src.models.model.Model],
 #'   [fit()][keras3::fit.keras.src.models.model.Model],
 #'   [evaluate()][keras3::evaluate.keras.src.models.model.Model],

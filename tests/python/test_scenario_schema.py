@@ -116,12 +116,14 @@ def scenario_problems(scenario):
     return problems
 
 
-# What the JAX backend does not run (docs/backends.md): model parallelism,
-# strategies and their datasets, and, of `multi_gpu_model`'s arguments, the
-# TensorFlow engines, `cpu_merge=False` and `cpu_relocation=True` (the JAX
-# engine refuses them).
-NOT_ON_JAX_STEPS = {"model_parallel", "mirrored_strategy", "distributed_dataset"}
+# What the JAX backend does not run (docs/backends.md): strategies and their
+# datasets; of `multi_gpu_model`'s arguments, the TensorFlow engines,
+# `cpu_merge=False` and `cpu_relocation=True` (the JAX engine refuses them);
+# of `model_parallel`'s, the pipeline's `split` and `microbatches` (JAX
+# splits the weights, with no stages).
+NOT_ON_JAX_STEPS = {"mirrored_strategy", "distributed_dataset"}
 JAX_ARGUMENTS = {"engine": ("auto",), "cpu_merge": (True,), "cpu_relocation": (False,)}
+JAX_MODEL_PARALLEL_ARGUMENTS = {"split": (None,), "microbatches": (1,)}
 
 
 def backend_problems(scenario):
@@ -148,6 +150,14 @@ def backend_problems(scenario):
         op = step["do"]
         if op in NOT_ON_JAX_STEPS or (op == "fit" and "dataset" in step):
             problems.append(f"step {i} ({op}): not on JAX")
+        if i != failing and op == "model_parallel":
+            for key, allowed in JAX_MODEL_PARALLEL_ARGUMENTS.items():
+                if key in step and step[key] not in allowed:
+                    problems.append(f"step {i}: {key}={step[key]!r} is refused "
+                                    "by model_parallel on JAX")
+            if "stages" in step.get("expect", {}):
+                problems.append(f"step {i}: expects stages, which JAX's "
+                                "model_parallel does not have")
         if i == failing or op != "multi_gpu_model":
             continue
         args = dict(scenario.get("devices", {}), **step)
@@ -180,6 +190,13 @@ def test_backend_rules_catch_what_jax_does_not_run():
     assert len(backend_problems(dict(on_jax, steps=[
         {"do": "build"}, {"do": "multi_gpu_model", "engine": "mirrored",
                           "expect": {"merge_device": "/device:CPU:0"}}]))) == 2
+    assert backend_problems(dict(on_jax, steps=[
+        {"do": "build"}, {"do": "model_parallel", "devices": 2,
+                          "expect": {"model_class": "PartitionedModel"}}])) == []
+    assert len(backend_problems(dict(on_jax, steps=[
+        {"do": "build"}, {"do": "model_parallel", "split": ["scores"],
+                          "microbatches": 2,
+                          "expect": {"stages": [["hidden"], ["scores"]]}}]))) == 3
     assert len(backend_problems(dict(on_jax, steps=[
         {"do": "mirrored_strategy", "devices": 1,
          "error": {"class": "ValueError", "message": "not 1"}}]))) == 1

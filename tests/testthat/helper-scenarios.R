@@ -163,15 +163,18 @@ scenario_tolerance <- function(value) if (isTRUE(value)) 1e-5 else as.numeric(va
 
 # ---- what a multi_gpu_model step expects, on the backend of this process ----
 
-# The expectations name the TensorFlow engines. On JAX multi_gpu_model() has
-# one engine, and they read as its counterparts: the model of data
-# parallelism is a ShardedModel of the "jax" engine there. The rows per
-# device (`split`, the replicate engine's batch_split()) have no counterpart:
-# XLA splits each batch inside the compiled step. The same reading as the
-# Python runner's (tests/python/support/scenario_runner.py, on_backend()).
-scenario_jax_readings <- list(model_class = c(ParallelModel = "ShardedModel"),
+# The expectations name the TensorFlow engines. On JAX they read as their
+# counterparts: the model of data parallelism is a ShardedModel of the "jax"
+# engine there, and model_parallel()'s a ShardedWeightsModel (every weight
+# split across the devices). The rows per device (`split`, the replicate
+# engine's batch_split()) and model_parallel()'s `stages` have no
+# counterpart: XLA splits each batch inside the compiled step, and JAX's
+# model parallelism has no stages. The same reading as the Python runner's
+# (tests/python/support/scenario_runner.py, on_backend()).
+scenario_jax_readings <- list(model_class = c(ParallelModel = "ShardedModel",
+                                              PartitionedModel = "ShardedWeightsModel"),
                               engine = c(replicate = "jax"))
-scenario_tensorflow_only <- "split"
+scenario_tensorflow_only <- c("split", "stages")
 
 scenario_expect_on <- function(expect, backend) {
   if (!identical(backend, "jax")) return(expect)
@@ -425,6 +428,7 @@ scenario_steps <- list(
   },
 
   model_parallel = function(step, expect, entry, state, where) {
+    expect <- scenario_expect_on(expect, scenario_keras_backend())
     args <- list()
     if (!is.null(step$devices)) args$devices <- scenario_devices(step$devices)
     if (!is.null(step$split)) {

@@ -1,4 +1,4 @@
-# multi_gpu_model() on Keras's JAX backend. Keras chooses its backend once per
+# multi_gpu_model() and model_parallel() on Keras's JAX backend. Keras chooses its backend once per
 # process and this one runs TensorFlow, so everything runs in one R process
 # of its own (workers/jax.R), as a keras3 user writes it:
 # keras3::use_backend("jax"), virtual_devices(4), a keras3 model through
@@ -8,12 +8,13 @@
 jax_scenarios <- function() {
   files <- scenario_files_for("jax")
   trained <- c("mlp_fewer_rows_than_replicas", "batchnorm_short_batches_save_reload",
-               "mlp_weights_round_trip", "resume_parallel_model_from_checkpoints")
+               "mlp_weights_round_trip", "resume_parallel_model_from_checkpoints",
+               "branching_model_parallel_two_devices")
   names <- sub("[.]json$", "", basename(files))
   files[startsWith(names, "invalid_") | names %in% trained]
 }
 
-test_that("on JAX, multi_gpu_model() trains like one device, stops at NA, refuses what JAX cannot do in R's words, and runs the JAX scenarios", {
+test_that("on JAX, multi_gpu_model() and model_parallel() train like one device, multi_gpu_model() stops at NA, refuses what JAX cannot do in R's words, and runs the JAX scenarios", {
   skip_if_no_multigpu()
   skip_if_not_installed_unloaded("keras3")
   jax <- tryCatch(reticulate::import("importlib.metadata")$version("jax"),
@@ -52,6 +53,25 @@ test_that("on JAX, multi_gpu_model() trains like one device, stops at NA, refuse
     expect_lte(result$differences[[quantity]], 1e-5, label = quantity)
   }
 
+  # model_parallel() on JAX: the weights split across the 4 devices, one
+  # device's numbers (42 rows in batches of 16, Adam), no device holding
+  # the whole model.
+  parallel_model <- result$model_parallel
+  expect_identical(parallel_model$class,
+                   "multigpu.partition.jax_sharding.ShardedWeightsModel")
+  expect_identical(parallel_model$devices, sprintf("/device:CPU:%d", 0:3))
+  for (part in names(parallel_model$differences)) {
+    expect_lte(parallel_model$differences[[part]], 1e-5,
+               label = paste("model_parallel", part))
+  }
+  expect_length(parallel_model$device_bytes, 4L)
+  expect_true(all(parallel_model$device_bytes < parallel_model$model_bytes))
+  expect_true("multigpu_value_error" %in% result$errors$microbatches$class)
+  expect_match(result$errors$microbatches$message,
+               "Invalid `microbatches`: received 2", fixed = TRUE)
+  expect_match(result$errors$microbatches$message,
+               "Leave microbatches = 1", fixed = TRUE)
+
   expect_true(result$check_finite)
   expect_true("multigpu_value_error" %in% result$guard$class)
   expect_match(result$guard$message, paste0(
@@ -85,4 +105,43 @@ test_that("on JAX, multi_gpu_model() trains like one device, stops at NA, refuse
   for (name in names(result$scenarios)) {
     expect_null(result$scenarios[[name]], label = sprintf("scenario %s on JAX", name))
   }
+})
+
+test_that("on JAX, two R processes started by the launcher train as one process on every process's devices", {
+  skip_if_no_multigpu()
+  skip_if_not_installed_unloaded("keras3")
+  out <- withr::local_tempdir()
+  set.seed(5)
+  x <- matrix(stats::runif(22 * 4), ncol = 4)
+  # 22 rows in batches of 6 on 2 x 2 devices: three batches split unevenly
+  # (2/2/1/1), then 4 rows, one per device.
+  data <- list(x = x, y = matrix(rowSums(x), ncol = 1), batch_size = 6L, epochs = 2L)
+  saveRDS(data, file.path(out, "data.rds"))
+  rscript <- c(file.path(R.home("bin"), "Rscript"), "--vanilla",
+               test_path("workers", "jax_processes.R"), file.path(out, "data.rds"), out)
+  output <- withr::with_envvar(c(KERAS_BACKEND = NA, JAX_NUM_CPU_DEVICES = NA), {
+    run_command(multigpu_config()$python, c(
+      "-m", "multigpu.launch", "--workers", "2", "--timeout", "300", "--",
+      shQuote(rscript)))
+  })
+  expect_identical(attr(output, "status"), 0L, info = paste(output, collapse = "\n"))
+  processes <- lapply(0:1, function(i) readRDS(file.path(out, sprintf("process-%d.rds", i))))
+  for (process in processes) {
+    expect_identical(c(process$devices, process$local), c(4L, 2L))
+  }
+  expect_identical(processes[[1]]$weights, processes[[2]]$weights)
+
+  keras <- keras_py()
+  reference <- keras$Sequential(list(
+    keras$Input(shape = list(4L)),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$Dense(1L)
+  ))
+  reference$set_weights(processes[[1]]$initial)
+  reference |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
+                       loss = "mse")
+  history <- reference |> fit(data$x, data$y, batch_size = 6, epochs = 2,
+                              shuffle = FALSE, verbose = 0)
+  expect_equal(processes[[1]]$loss, history$metrics$loss, tolerance = 1e-5)
+  expect_equal(processes[[1]]$weights, reference$get_weights(), tolerance = 1e-5)
 })

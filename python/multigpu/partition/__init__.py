@@ -1,2 +1,3 @@
-"""`model_parallel`: one model cut into stages across devices (TensorFlow).
+"""`model_parallel`: one model across devices, cut into stages (TensorFlow) or
+with each weight split across them (JAX, `jax_sharding`).
 """

@@ -228,6 +228,14 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     whole model onto every device). Outputs and training steps are those of
     `model`.
 
+    On the JAX backend the model is not cut into stages: every weight is
+    split across the devices instead (`multigpu.partition.jax_sharding`),
+    along its largest dimension the number of devices divides, and each
+    device computes on the whole batch. A weight with no such dimension is
+    replicated when it is smaller than 64 KiB; a larger one, or a model
+    none of whose weights splits, is refused. `split` and `microbatches`
+    describe stages and are refused there.
+
     Args:
         model: A built Keras model (Sequential or functional, branches
             allowed). It is copied, not changed: the returned model's
@@ -251,14 +259,21 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
 
     Returns:
         A `PartitionedModel` (a `keras.Model`) with `.template`, `.devices`,
-        `.stages` and `.stage_table()`. Its `save`/`save_weights` write the
-        template, which loads back with plain `keras.models.load_model`.
+        `.stages` and `.stage_table()`; on JAX a
+        `jax_sharding.ShardedWeightsModel` with `.template`, `.devices`,
+        `.weight_layouts()` and `.weight_table()`. Its `save`/`save_weights`
+        write the template, which loads back with plain
+        `keras.models.load_model`.
 
     Raises:
         ValueError: for devices that do not exist, more stages than layers,
             unknown layer names or indices in `split`, a split where the
             model cannot be cut (the message says why), or an invalid
-            `microbatches`.
+            `microbatches`; on JAX, for `split` other than None,
+            `microbatches` other than 1, or weights that cannot be split
+            (`jax_sharding.check_shardable`).
+        UnsupportedBackendError: on a backend other than TensorFlow and
+            JAX.
         TypeError: if `model` is not a `keras.Model` or `split` not a list.
 
     Example:

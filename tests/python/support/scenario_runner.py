@@ -46,13 +46,16 @@ def shapes(value):
     return [list(np.shape(v)) for v in keras.tree.flatten(value)]
 
 
-# What a scenario expects of `multi_gpu_model` names the TensorFlow engines;
-# on JAX, `multi_gpu_model` has one engine, and these expectations read as
-# its counterparts: the model of data parallelism that `engine="auto"`
-# builds on logical CPU devices is a `ParallelModel` of the replicate
-# engine on TensorFlow, a `ShardedModel` of the JAX engine on JAX.
+# What a scenario expects of `multi_gpu_model` and `model_parallel` names
+# the TensorFlow engines; on JAX these expectations read as their
+# counterparts: the model of data parallelism that `engine="auto"` builds
+# on logical CPU devices is a `ParallelModel` of the replicate engine on
+# TensorFlow, a `ShardedModel` of the JAX engine on JAX; the model of
+# `model_parallel` is a `PartitionedModel` (stages) on TensorFlow, a
+# `ShardedWeightsModel` (every weight split across the devices) on JAX.
 JAX_READINGS = {
-    "model_class": {"ParallelModel": "ShardedModel"},
+    "model_class": {"ParallelModel": "ShardedModel",
+                    "PartitionedModel": "ShardedWeightsModel"},
     "engine": {"replicate": "jax"},
 }
 # Expectations of the TensorFlow engines that have no counterpart on JAX,
@@ -63,11 +66,14 @@ TENSORFLOW_ONLY = {
         "(`ParallelModel.batch_split`); on JAX XLA's partitioner splits each "
         "batch inside the compiled step, in shares of its own choosing "
         "(10 rows on 4 devices: 3, 3, 3 and 1), with no such method"),
+    "stages": (
+        "`model_parallel` cuts the model into stages on TensorFlow; on JAX "
+        "it splits every weight across the devices, with no stages"),
 }
 
 
 def on_backend(expect, backend):
-    """What `expect` of a `multi_gpu_model` step means on `backend`.
+    """What `expect` of a `multi_gpu_model` or `model_parallel` step means on `backend`.
 
     Args:
         expect: The step's `expect`, as the scenario file writes it.
@@ -218,6 +224,7 @@ class PythonRun:
     def do_model_parallel(self, step, expect, entry):
         args = {k: step[k] for k in ("devices", "split", "microbatches")
                 if k in step}
+        expect = on_backend(expect, self.backend)
         partitioned = multigpu.model_parallel(self.model, **args)
         self.model, self.template = partitioned, partitioned.template
         if "model_class" in expect:

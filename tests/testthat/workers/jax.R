@@ -3,8 +3,9 @@
 # Keras chooses its backend once per process, and the testthat processes run
 # TensorFlow: test-jax.R runs this script in an R process of its own. It
 # writes OUT.rds: the devices and the engine, the largest differences between
-# a model trained through multi_gpu_model(gpus = 4) and the same model
-# trained on one device, the errors of the arguments JAX refuses, and, for
+# a model trained through multi_gpu_model(gpus = 4) (and through
+# model_parallel(devices = 4)) and the same model trained on one device,
+# the bytes of weights each device holds under model_parallel(), the errors of the arguments JAX refuses, and, for
 # each shared scenario given (test-jax.R picks some of those with "jax" in
 # their "backends"), NULL or the failure.
 library(keras3)
@@ -77,6 +78,30 @@ result$guard <- tryCatch({
 result$guard_finite <- all(vapply(parallel$get_weights(),
                                   function(w) all(is.finite(w)), NA))
 
+# model_parallel() on JAX: every weight split across the 4 devices (the
+# last layer's bias of 2 stays whole: too small to matter), trained on the
+# same 42 rows as one device trains the same model.
+sharded <- model_parallel(make_model(), devices = 4)
+result$model_parallel <- list(class = class(sharded)[[1]],
+                              devices = unlist(sharded$devices))
+sharded <- compiled(sharded)
+alone <- compiled(make_model())
+runs <- lapply(list(sharded = sharded, alone = alone), function(model) {
+  before <- model |> predict(x, batch_size = 16, verbose = 0)
+  history <- model |> fit(x, y, batch_size = 16, epochs = 2, shuffle = FALSE,
+                          verbose = 0)
+  list(before = before, history = history$metrics,
+       predictions = model |> predict(x, batch_size = 16, verbose = 0),
+       weights = model$get_weights())
+})
+result$model_parallel$differences <- vapply(
+  c("before", "history", "predictions", "weights"),
+  function(part) largest(runs$sharded[[part]], runs$alone[[part]]), 0)
+table <- sharded$weight_table()
+result$model_parallel$device_bytes <- vapply(table, function(row) row$variable_bytes, 0)
+result$model_parallel$model_bytes <- sum(vapply(
+  sharded$template$get_weights(), function(w) length(w) * 4, 0))
+
 # What JAX refuses, as R conditions in R's words.
 refused <- function(...) {
   error <- tryCatch({ multi_gpu_model(make_model(), ...); NULL },
@@ -88,7 +113,11 @@ result$errors <- list(
   sync_batchnorm = refused(gpus = 4, sync_batchnorm = FALSE),
   cpu_merge = refused(gpus = 4, cpu_merge = FALSE),
   engine = refused(gpus = 4, engine = "replicate"),
-  gpus = refused(gpus = 1))
+  gpus = refused(gpus = 1),
+  microbatches = tryCatch({
+    model_parallel(make_model(), devices = 4, microbatches = 2)
+    list(class = "none", message = "")
+  }, error = function(e) list(class = class(e), message = conditionMessage(e))))
 
 # Shared scenarios, through the R runner.
 source(args[[2]])

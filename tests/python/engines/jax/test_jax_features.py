@@ -177,8 +177,6 @@ REFUSED = {
         lambda tmp: multigpu.fit_distributed(_compiled_plain(), None),
     "multigpu.distributed_dataset()":
         lambda tmp: multigpu.distributed_dataset(rows_of(4)[0]),
-    "multigpu.model_parallel()":
-        lambda tmp: multigpu.model_parallel(normalized_mlp(), devices=2),
     "multigpu.check_equivalence() with engine='strategy'":
         lambda tmp: multigpu.check_equivalence(
             _compiled_plain(), *rows_of(8), gpus=2, engine="strategy"),
