@@ -204,11 +204,18 @@ def keep_replicated(tree, mesh):
 def replicate_variables(variables, mesh):
     """Assigns each Keras variable its value, replicated on `mesh`.
 
+    In a job of several processes, process 0's value
+    (`processes.from_process_0`).
+
     Args:
         variables: Keras variables (the template's).
         mesh: The engine's `device_mesh`.
     """
     sharding = replicated(mesh)
-    for variable in variables:
-        with processes.same_weights(variable):
-            variable.assign(jax.device_put(variable.value, sharding))
+    variables = list(variables)
+    if processes.is_joined():
+        values = processes.from_process_0([v.value for v in variables], sharding)
+    else:
+        values = [jax.device_put(v.value, sharding) for v in variables]
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)

@@ -16,7 +16,6 @@ batch. `check_same_batch` makes sure the copies agree, so a worker that
 shuffles with another seed stops training instead of mixing batches.
 """
 
-import contextlib
 import zlib
 
 import jax
@@ -193,34 +192,29 @@ def put_global(leaves, shardings):
                                                             strict=True)]
 
 
-@contextlib.contextmanager
-def same_weights(variable):
-    """Turns JAX's finding that a weight differs between processes into advice.
+def from_process_0(values, sharding):
+    """Places process 0's `values` whole on every device of `sharding`.
 
-    Every process builds the template itself; its weights must start equal
-    (`jax.device_put` checks that they do, across processes).
+    Every process builds the model itself; what the job trains is process
+    0's weights (and random-generator states), which every process then
+    holds, as Horovod's broadcast of the initial variables does. So a
+    process whose model was built from another seed, or restored with
+    another random state, still trains the same model.
 
     Args:
-        variable: The Keras variable being placed.
+        values: This process's arrays (the template's variables' values).
+        sharding: A replicated sharding over devices of every process.
 
-    Raises:
-        ValueError: naming the variable and the fix, for JAX's
-            AssertionError about a value that is not the same on each
-            process.
+    Returns:
+        One global `jax.Array` per value, process 0's value everywhere.
 
     Example:
-    >>> with same_weights(variable):
-    ...     variable.assign(jax.device_put(variable.value, sharding))
+    >>> placed = from_process_0([v.value for v in variables], replicated(mesh))
     """
-    try:
-        yield
-    except AssertionError as error:
-        if "same on each process" not in str(error):
-            raise
-        raise ValueError(
-            f"The weight {literal(variable.path)} of the model differs between "
-            "the processes of this job: each process builds the model itself, "
-            "so every one must build it from the same seed "
-            "(keras.utils.set_random_seed(...) before building it; in R, "
-            "keras3::set_random_seed()) or load the same weights."
-        ) from None
+    from jax.experimental import multihost_utils
+
+    first = multihost_utils.broadcast_one_to_all(
+        [np.asarray(value) for value in values])
+    return [jax.make_array_from_callback(value.shape, sharding,
+                                         lambda index, value=value: value[index])
+            for value in map(np.asarray, first)]

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from multigpu import launch
+from multigpu.checkpoints.listing import list_checkpoints
 from support.slurm import python_path_env
 from support.worker_scripts import RUN_TIMEOUT, WORKERS, script
 
 sys.path.insert(0, WORKERS)
-from jax_processes_model import fit_and_predict
+from jax_processes_model import fit_and_predict, resumable_fit
 
 TOL = 1e-5
 
@@ -92,3 +93,23 @@ def test_a_worker_that_dies_takes_the_other_down_with_its_name(tmp_path, capfd):
     assert raised.value.exit_status == 3
     assert "[worker 1] process 1 dies now" in capfd.readouterr().out
     assert not os.path.exists(tmp_path / "run-0.npz")
+
+
+def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weights(
+        tmp_path, capfd):
+    checkpoints, out = str(tmp_path / "checkpoints"), str(tmp_path / "run")
+    for epochs in (2, 4):
+        assert launch.launch(script("jax_processes.py"),
+                             [out, "resume", checkpoints, str(epochs)], workers=2,
+                             startup_timeout=RUN_TIMEOUT, timeout=RUN_TIMEOUT) == 0
+    printed = capfd.readouterr().out
+    assert printed.count("trained epochs [0, 1]") == 2
+    assert printed.count("trained epochs [2, 3]") == 2
+    # The newest checkpoint is the last epoch's.
+    assert list_checkpoints(checkpoints)[0].endswith("ckpt-4.keras")
+    unbroken, _ = resumable_fit(4, 4)
+    for index in (0, 1):
+        with np.load(f"{out}-{index}.npz") as saved:
+            got = [saved[f"arr_{i}"] for i in range(len(unbroken))]
+        for got_weight, want in zip(got, unbroken, strict=True):
+            np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)

@@ -1,13 +1,15 @@
 """A JAX worker of a job of several processes: the same script as on one machine.
 
     python jax_processes.py OUT [other-batches | dies]
+    python jax_processes.py OUT resume CHECKPOINT_DIR EPOCHS
 
 Two logical CPU devices per process; `multi_gpu_model(model, gpus=None)`
 spans every process's devices. Trains on batches that split evenly,
 unevenly and leave devices without rows, then writes this process's
 weights, history and predictions to `OUT-<process>.npz`. `other-batches`:
 process 1 shuffles with another seed. `dies`: process 1 exits with 3 after
-the first epoch.
+the first epoch. `resume`: `resumable_fit` with checkpoints in
+CHECKPOINT_DIR up to EPOCHS epochs (process 0 writes them).
 """
 
 import os
@@ -24,7 +26,7 @@ multigpu.virtual_devices(2)
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from jax_processes_model import fit_and_predict  # noqa: E402
+from jax_processes_model import fit_and_predict, resumable_fit  # noqa: E402
 
 out = sys.argv[1]
 mode = sys.argv[2] if len(sys.argv) > 2 else "train"
@@ -40,6 +42,11 @@ class Dies(keras.callbacks.Callback):
             os._exit(3)
 
 
+if mode == "resume":
+    weights, epochs = resumable_fit(None, int(sys.argv[4]), sys.argv[3])
+    np.savez(f"{out}-{index}.npz", *weights, epochs=np.asarray(epochs))
+    print(f"process {index} trained epochs {epochs}", flush=True)
+    sys.exit(0)
 callbacks = [Dies()] if mode == "dies" else []
 shuffle_seed = 2 if mode == "other-batches" and index == 1 else None
 weights, history, predictions = fit_and_predict(
