@@ -114,8 +114,9 @@ versions_problem <- function(versions, python,
     return(sprintf("%s is Python %s; multigpu needs Python %s. %s", where,
                    versions[["python"]], supported_python, fix))
   }
-  needed <- c("tensorflow", "keras", "multigpu",
-              if ("jax" %in% names(versions)) "jax")
+  # On JAX, multigpu needs no TensorFlow (keras3 declares it for tf.data).
+  jax <- "jax" %in% names(versions)
+  needed <- c(if (!jax) "tensorflow", "keras", "multigpu", if (jax) "jax")
   for (name in needed) {
     if (is.na(versions[[name]])) {
       return(sprintf("%s has no %s package%s. %s", where, name,
@@ -124,7 +125,8 @@ versions_problem <- function(versions, python,
                        "needs") else "", fix))
     }
   }
-  if (!startsWith(versions[["tensorflow"]], "2.21.")) {
+  if (!is.na(versions[["tensorflow"]]) &&
+      !startsWith(versions[["tensorflow"]], "2.21.")) {
     return(sprintf("%s has TensorFlow %s; multigpu needs TensorFlow 2.21. %s",
                    where, versions[["tensorflow"]], fix))
   }
@@ -218,7 +220,9 @@ has_uv <- function() {
 #' TensorFlow 2.21, Keras 3.15 and NumPy 2 pinned by the package's constraints
 #' file. On the JAX backend (`keras3::use_backend("jax")`, called before
 #' Python starts) keras3 declares JAX, and multigpu its `jax` extra, which
-#' holds JAX to the range multigpu is tested with. When something is wrong the first call signals a
+#' holds JAX to the range multigpu is tested with and adds no TensorFlow:
+#' multigpu on JAX runs without it (keras3 declares TensorFlow's CPU build
+#' for its own `tf.data` support). When something is wrong the first call signals a
 #' `multigpu_unavailable_error` naming the fix (a `multigpu_version_error`
 #' too when only the core's version differs from the R package's).
 #'

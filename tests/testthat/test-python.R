@@ -101,8 +101,10 @@ test_that("an unsupported Python, TensorFlow or core version names its fix", {
   expect_match(check(tensorflow = "2.16.1"), "has TensorFlow 2.16.1; multigpu needs TensorFlow 2.21")
   expect_match(check(tensorflow = NA), "has no tensorflow package")
   expect_match(check(multigpu = NA), "has no multigpu package. Fix: .*install_multigpu()")
-  # On the JAX backend the versions have jax.
+  # On the JAX backend the versions have jax, and TensorFlow is optional.
   expect_null(check(jax = "0.10.2"))
+  expect_null(check(jax = "0.10.2", tensorflow = NA))
+  expect_match(check(jax = "0.10.2", tensorflow = "2.16.1"), "has TensorFlow 2.16.1")
   expect_match(check(jax = NA), 'has no jax package, which the JAX backend (keras3::use_backend("jax")) needs. Fix:',
                fixed = TRUE)
   mismatch <- check(multigpu = "0.0.9")
