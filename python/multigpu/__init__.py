@@ -42,6 +42,7 @@ from multigpu.insight.equivalence import EquivalenceReport, check_equivalence
 from multigpu.insight.memory_plan import MemoryPlan, find_batch_size, memory_plan
 from multigpu.insight.monitor import ScalingMonitor
 from multigpu.insight.plotting import plot_placement
+from multigpu.partition.front import model_parallel
 from multigpu.placement import placement_report
 from multigpu.saving import load_model, save_model
 from multigpu.step.nonfinite import NonFiniteInputError
@@ -64,7 +65,6 @@ _TENSORFLOW_ONLY = {
     "executed_ops": "multigpu.placement.graphs",
     "fit_distributed": "multigpu.distribute.fit",
     "mirrored_strategy": "multigpu.distribute.strategy",
-    "model_parallel": "multigpu.partition.model_parallel",
     "multi_worker_strategy": "multigpu.distribute.strategy",
 }
 
@@ -81,7 +81,7 @@ if backends.current() == "tensorflow":
         DataParallelReplicas,
         ParallelModel,
     )
-    from multigpu.partition.model_parallel import PartitionedModel, model_parallel
+    from multigpu.partition.model_parallel import PartitionedModel
     from multigpu.placement.graphs import executed_ops
 
 __all__ = [

@@ -1,4 +1,7 @@
-"""`model_parallel`: one model partitioned across devices (pipeline stages).
+"""`model_parallel` on TensorFlow: one model partitioned into pipeline stages.
+
+The public `model_parallel` (`multigpu.partition.front`) calls
+`partition_model` here on TensorFlow.
 
 `multi_gpu_model` copies the whole model onto every device. When one copy
 does not fit on a device, the model itself must be cut: its layers are
@@ -12,12 +15,11 @@ stage `s` can work on micro-batch `m + 1` while stage `s + 1` works on `m`.
 import keras
 import tensorflow as tf
 
-from multigpu import backends
 from multigpu import devices as devices_lib
-from multigpu.arguments import check_int, is_int
+from multigpu.arguments import is_int
 from multigpu.devices import HOST_DEVICE
 from multigpu.distribute import strategy as strategy_lib
-from multigpu.engines.functional import callable_graph, layer_name, symbolic_graph
+from multigpu.engines.functional import layer_name, symbolic_graph
 from multigpu.engines.own_steps import check_standard_steps
 from multigpu.engines.template import TemplateWrapper, built_like
 from multigpu.engines.tensorflow.trainer import TensorFlowTrainer
@@ -218,87 +220,27 @@ def _resolve_model_devices(devices, split):
     return devices_lib.resolve_devices(devices)
 
 
-def model_parallel(model, devices=None, split=None, microbatches=1):
-    """Partitions one model across devices (model parallelism).
+def partition_model(model, devices, split, microbatches):
+    """`model_parallel` on TensorFlow: the model cut into stages.
 
-    The model's layers are cut into consecutive stages, one per device. Each
-    stage's weights are created on its device and its forward and backward
-    ops run there; activations move from stage to stage. Use it when one copy
-    of the model does not fit on one device (`multi_gpu_model` copies the
-    whole model onto every device). Outputs and training steps are those of
-    `model`.
-
-    On the JAX backend the model is not cut into stages: every weight is
-    split across the devices instead (`multigpu.partition.jax_sharding`),
-    along its largest dimension the number of devices divides, and each
-    device computes on the whole batch. A weight with no such dimension is
-    replicated when it is smaller than 64 KiB; a larger one, or a model
-    none of whose weights splits, is refused. `split` and `microbatches`
-    describe stages and are refused there.
+    Called by `multigpu.partition.front.model_parallel`, which checked the
+    backend and `microbatches`.
 
     Args:
-        model: A built Keras model (Sequential or functional, branches
-            allowed). It is copied, not changed: the returned model's
-            `template` holds the placed, trained weights.
-        devices: As for `multi_gpu_model(gpus=...)`: `None` (every GPU, or
-            every logical CPU device without a GPU; with `split` given, the
-            first `len(split) + 1` devices), an int >= 2, a list of GPU ids
-            or a list of device names. One stage per device.
-        split: `None` balances the bytes of the weights between the
-            stages. Otherwise the names (or `model.layers` indices) of the
-            layers where stages 2, 3, ... start, in `model.layers` order,
-            e.g. `["dense_2", "dense_4"]`; or one list of layer names per
-            stage, e.g. `[["left_a", "left_b"], ["right", "merge"]]`, to put
-            branches on different devices. A stage may only read outputs of
-            its own or earlier stages.
-        microbatches: Cut every batch into this many micro-batches that
-            flow through the stages in turn (GPipe pipelining), so stages
-            can overlap. Gradients are summed over micro-batches and there is
-            one optimizer step per batch; results equal `microbatches=1`
-            (layers using batch statistics see micro-batches).
+        model: A built Sequential or functional Keras model.
+        devices: The `devices` argument of `model_parallel`.
+        split: Its `split` argument.
+        microbatches: An int >= 1.
 
     Returns:
-        A `PartitionedModel` (a `keras.Model`) with `.template`, `.devices`,
-        `.stages` and `.stage_table()`; on JAX a
-        `jax_sharding.ShardedWeightsModel` with `.template`, `.devices`,
-        `.weight_layouts()` and `.weight_table()`. Its `save`/`save_weights`
-        write the template, which loads back with plain
-        `keras.models.load_model`.
+        A `PartitionedModel`.
 
     Raises:
-        ValueError: for devices that do not exist, more stages than layers,
-            unknown layer names or indices in `split`, a split where the
-            model cannot be cut (the message says why), or an invalid
-            `microbatches`; on JAX, for `split` other than None,
-            `microbatches` other than 1, or weights that cannot be split
-            (`jax_sharding.check_shardable`).
-        UnsupportedBackendError: on a backend other than TensorFlow and
-            JAX.
-        TypeError: if `model` is not a `keras.Model` or `split` not a list.
+        ValueError, TypeError: as `model_parallel` says.
 
     Example:
-    >>> partitioned = multigpu.model_parallel(model, devices=4)
-    >>> partitioned.stages          # layer names per device
-    >>> partitioned.compile(optimizer="adam", loss="mse")
-    >>> partitioned.fit(x, y, batch_size=64)
-    >>> partitioned.save("model.keras")   # a plain Keras model
+    >>> partitioned = partition_model(model, 2, None, 1)
     """
-    backends.require_backend(
-        "model_parallel", "TensorFlow's device placement (tf.device), which "
-        "puts each stage's weights and operations on its device, or JAX's "
-        "sharding of the weights", backend=("tensorflow", "jax"))
-    microbatches = check_int("microbatches", microbatches, 1, expected=(
-        "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "
-        "that overlap across stages)"))
-    if backends.is_jax():
-        # Imported here: the JAX path runs none of the stages' TensorFlow code.
-        from multigpu.partition import jax_sharding
-
-        callable_graph(model)
-        check_standard_steps(model, "model_parallel")
-        jax_sharding.check_pipeline_arguments(split, microbatches)
-        return jax_sharding.model_parallel(
-            model, devices_lib.resolve_devices(devices))
     symbolic_graph(model)
     check_standard_steps(model, "model_parallel")
     strategy_lib.check_outside_strategies("model_parallel")

@@ -6,7 +6,8 @@ TensorFlow missing before anything imports it
 (`_common.hide_optional_packages`), then trains with `multi_gpu_model` on
 NumPy arrays, a `keras.utils.PyDataset` and a generator beside plain Keras
 on one device, predicts, saves and loads, stops on a NaN batch, resumes
-from `checkpoint_callbacks`, and calls what needs TensorFlow. The static
+from `checkpoint_callbacks`, trains and saves a `model_parallel` model
+(its weights split across the devices), and calls what needs TensorFlow. The static
 half of the promise (no module the JAX path imports reaches TensorFlow) is
 `tests/python/test_layout.py`.
 """
@@ -103,6 +104,16 @@ restored = multigpu.make_or_restore_model(checkpoints, mlp)
 found["restored"] = float(np.abs(restored.predict(x, verbose=0)
                                  - template.predict(x, verbose=0)).max())
 
+# model_parallel: the weights split across both devices, one device's numbers.
+sharded, alone = multigpu.model_parallel(mlp(), devices=2), mlp()
+for model in (sharded, alone):
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+sharded.save(f"{folder}/sharded.keras")
+found["model_parallel"] = max(
+    float(np.abs(model.predict(x, verbose=0) - alone.predict(x, verbose=0)).max())
+    for model in (sharded, keras.models.load_model(f"{folder}/sharded.keras")))
+
 refusals = {}
 for name, call in [
         ("mirrored_strategy", lambda: multigpu.mirrored_strategy()),
@@ -129,6 +140,7 @@ print("FOUND " + json.dumps(found))
 
 
 def test_multi_gpu_model_trains_predicts_saves_and_resumes_without_tensorflow():
+    # model_parallel too: one device's numbers, saved as a plain model.
     done = subprocess.run(
         fresh_python(_CHILD), env=dict(os.environ, KERAS_BACKEND="jax"),
         capture_output=True, text=True, timeout=600)
@@ -146,6 +158,7 @@ def test_multi_gpu_model_trains_predicts_saves_and_resumes_without_tensorflow():
     # the weights are one device's after the first batch.
     assert found["guard"] == [0, 1] and found["guard_weights"] <= 1e-5
     assert found["restored"] <= 1e-6
+    assert found["model_parallel"] <= 1e-5
 
     for name, (module, message) in found["refusals"].items():
         assert module == "tensorflow", name
