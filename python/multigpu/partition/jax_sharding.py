@@ -111,7 +111,7 @@ def weight_axes(shape, dtype, count):
     """The layout of a weight as mesh axis names, one per dimension.
 
     Example:
-    >>> weight_axes((16, 8), "float32", 4)
+    >>> weight_axes((8, 16), "float32", 4)
     (None, 'model')
     """
     axis = weight_axis(shape, dtype, count)
@@ -135,9 +135,9 @@ def check_shardable(model, count):
     whole = [v for v in weights if _is_float(v)
              and weight_axis(v.shape, v.dtype, count) is None
              and weight_bytes(v) >= REPLICATED_LIMIT_BYTES]
-    fix = (f"Use a number of devices that divides one of their dimensions "
-           f"(the devices argument, e.g. {setting('devices', 2)}), or give "
-           f"the layers sizes that {count} divides")
+    fix = ("Use a number of devices that divides one of their dimensions "
+           "(the `devices` argument), or give the layers sizes that are "
+           f"multiples of {count}")
     if whole:
         named = [f"{v.path} {tuple(v.shape)}" for v in whole]
         raise ValueError(
