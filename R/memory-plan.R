@@ -28,7 +28,10 @@
 #'   on each device `weights`, `gradients`, `optimizer`, `activations` and
 #'   `total`; `batch_size`, `per_replica_batch`, `devices`, `device_memory`
 #'   (a named numeric vector, `NA` where not reported), `fits` (`TRUE`,
-#'   `FALSE`, or `NA` when no device reports its memory) and `notes`.
+#'   `FALSE`, or `NA` when no device reports its memory) and `notes`. For a
+#'   model from [model_parallel()] on JAX, whose devices hold different
+#'   shards, the entries are the fullest device's and `per_device` is a data
+#'   frame with one row per device (`device` and the same entries).
 #'   Printing it shows a table.
 #' @family will it fit
 #' @export
@@ -57,7 +60,7 @@ memory_plan <- function(model, batch_size, gpus = NULL, optimizer = NULL,
 as_memory_plan <- function(plan) {
   entries <- plan$as_dict()
   memory <- entries$device_memory
-  structure(
+  result <- structure(
     list(weights = as.double(entries$weights),
          gradients = as.double(entries$gradients),
          optimizer = as.double(entries$optimizer),
@@ -72,6 +75,27 @@ as_memory_plan <- function(plan) {
          text = plan$table()),
     class = "multigpu_memory_plan"
   )
+  # Only a model whose devices hold different shards has one.
+  if (!is.null(entries$per_device)) {
+    result$per_device <- per_device_frame(entries$per_device)
+  }
+  result
+}
+
+#' The per-device entries of a model whose weights are split across its
+#' devices, as a data frame (one row per device).
+#' @noRd
+per_device_frame <- function(per_device) {
+  rows <- lapply(names(per_device), function(device) {
+    entries <- per_device[[device]]
+    data.frame(device = device,
+               weights = as.double(entries$weights),
+               gradients = as.double(entries$gradients),
+               optimizer = as.double(entries$optimizer),
+               activations = as.double(entries$activations),
+               total = as.double(entries$total))
+  })
+  do.call(rbind, rows)
 }
 
 #' Print a memory plan

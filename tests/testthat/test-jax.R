@@ -66,6 +66,8 @@ test_that("on JAX, multi_gpu_model() and model_parallel() train like one device,
   }
   expect_length(parallel_model$device_bytes, 4L)
   expect_true(all(parallel_model$device_bytes < parallel_model$model_bytes))
+  expect_identical(parallel_model$plan$device, sprintf("/device:CPU:%d", 0:3))
+  expect_identical(parallel_model$plan$weights, parallel_model$device_bytes)
   expect_true("multigpu_value_error" %in% result$errors$microbatches$class)
   expect_match(result$errors$microbatches$message,
                "Invalid `microbatches`: received 2", fixed = TRUE)

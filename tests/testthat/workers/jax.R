@@ -99,6 +99,8 @@ result$model_parallel$differences <- vapply(
   function(part) largest(runs$sharded[[part]], runs$alone[[part]]), 0)
 table <- sharded$weight_table()
 result$model_parallel$device_bytes <- vapply(table, function(row) row$variable_bytes, 0)
+# memory_plan() gives each device's own shards.
+result$model_parallel$plan <- memory_plan(sharded, batch_size = 16)$per_device
 result$model_parallel$model_bytes <- sum(vapply(
   sharded$template$get_weights(), function(w) length(w) * 4, 0))
 
