@@ -83,7 +83,7 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
             preemption.check_preemption_signal(preemption_signal))
         # From now, not from fit: a warning during the set-up is kept.
         self._watch.start()
-        self._strategy = None  # the multi-worker strategy trained under
+        self._agree = None  # how the workers agree (`agreement.agreement`)
         self.set_data(data)
 
     def set_data(self, data):
@@ -115,8 +115,8 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         resume.warn_if_steps_per_execution(self.model, self.save_freq)
         self._watch.start()
         # Read once: on JAX, reading `self.model` syncs the trainer's state.
-        strategy = getattr(self.model, "distribute_strategy", None)
-        self._strategy = strategy if agreement.spans_workers(strategy) else None
+        self._agree = agreement.agreement(
+            getattr(self.model, "distribute_strategy", None))
         state = self._restore()
         self.position.skip = 0
         self.position.skipped = False
@@ -171,16 +171,16 @@ class AtomicBackupAndRestore(keras.callbacks.Callback):
         after every batch (one all-reduce of a flag), so that all stop
         after the same batch and their collectives stay paired.
         """
-        if self._strategy is None:
+        if self._agree is None:
             return self._watch.caught
-        return agreement.any_worker(self._strategy, self._watch.caught)
+        return self._agree(self._watch.caught)
 
     def _stop_preempted(self):
         """Saves the state after this batch, then requeues and exits."""
         self._save()
-        if self._strategy is not None:
+        if self._agree is not None:
             # No worker exits before the chief has committed the state.
-            agreement.any_worker(self._strategy, False)
+            self._agree(False)
         self._watch.stop()
         preemption.stop_job(
             self._watch.signum,

@@ -113,3 +113,34 @@ def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weight
             got = [saved[f"arr_{i}"] for i in range(len(unbroken))]
         for got_weight, want in zip(got, unbroken, strict=True):
             np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)
+
+
+def test_a_warning_to_the_launcher_stops_both_after_one_batch_and_the_rerun_ends_unbroken(
+        tmp_path):
+    """SIGUSR1 to the launcher reaches both processes at slightly different
+    moments; they agree after every batch, stop after the same one, process
+    0 saves, both exit with 75; run again, they end on the unbroken run's
+    weights."""
+    checkpoints, out = str(tmp_path / "checkpoints"), str(tmp_path / "run")
+    command = [sys.executable, "-m", "multigpu.launch", "--workers", "2",
+               "--timeout", str(RUN_TIMEOUT), script("jax_processes.py"), out,
+               "resume", checkpoints, "4"]
+    stopped = subprocess.run(command + ["6"], capture_output=True, text=True,
+                             timeout=RUN_TIMEOUT)
+    assert stopped.returncode == 75, stopped.stdout + stopped.stderr
+    said = [line for line in stopped.stdout.splitlines()
+            if "checkpoint_callbacks: caught SIGUSR1" in line]
+    assert len(said) == 2, stopped.stdout
+    # Both stopped after the same batch of the same epoch.
+    positions = {line.split("after ", 1)[1].split(" in ")[0] for line in said}
+    assert len(positions) == 1, said
+    assert not os.path.exists(f"{out}-0.npz")
+    done = subprocess.run(command, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    unbroken, _ = resumable_fit(4, 4)
+    for index in (0, 1):
+        with np.load(f"{out}-{index}.npz") as saved:
+            got = [saved[f"arr_{i}"] for i in range(len(unbroken))]
+        for got_weight, want in zip(got, unbroken, strict=True):
+            np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)

@@ -77,3 +77,29 @@ def slow_until_requeued(seconds):
             time.sleep(seconds)
 
     return keras.callbacks.LambdaCallback(on_train_batch_end=on_train_batch_end)
+
+
+def signal_at_step(step, signum, pid=None, say=None):
+    """A callback that sends `signum` to `pid` after global step `step`.
+
+    The step is the optimizer's iteration count, so a resumed run counts
+    on from the interrupted one.
+
+    Args:
+        step: The global step after which to send it.
+        signum: The signal, e.g. `signal.SIGKILL`.
+        pid: The process; this one when None (`os.getppid()` warns a
+            launcher, as Slurm warns a batch shell).
+        say: A line to print first, or None.
+    """
+    import keras
+
+    class SignalAtStep(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            iterations = self.model.optimizer.iterations
+            if int(keras.ops.convert_to_numpy(iterations)) == step:
+                if say:
+                    print(say, flush=True)
+                os.kill(os.getpid() if pid is None else pid, signum)
+
+    return SignalAtStep()

@@ -1,7 +1,7 @@
 """A JAX worker of a job of several processes: the same script as on one machine.
 
     python jax_processes.py OUT [other-batches | dies]
-    python jax_processes.py OUT resume CHECKPOINT_DIR EPOCHS
+    python jax_processes.py OUT resume CHECKPOINT_DIR EPOCHS [WARN_AT_STEP]
 
 Two logical CPU devices per process; `multi_gpu_model(model, gpus=None)`
 spans every process's devices. Trains on batches that split evenly,
@@ -9,15 +9,18 @@ unevenly and leave devices without rows, then writes this process's
 weights, history and predictions to `OUT-<process>.npz`. `other-batches`:
 process 1 shuffles with another seed. `dies`: process 1 exits with 3 after
 the first epoch. `resume`: `resumable_fit` with checkpoints in
-CHECKPOINT_DIR up to EPOCHS epochs (process 0 writes them).
+CHECKPOINT_DIR up to EPOCHS epochs (process 0 writes them); with
+WARN_AT_STEP, process 0 sends its parent, the launcher, SIGUSR1 after that
+global step, as Slurm warns a batch shell before the time limit.
 """
 
 import os
+import signal
 import sys
 
 os.environ["KERAS_BACKEND"] = "jax"
 
-import _common  # noqa: F401  (quiet, optional packages hidden)
+import _common  # quiet, optional packages hidden
 
 import multigpu
 
@@ -43,7 +46,11 @@ class Dies(keras.callbacks.Callback):
 
 
 if mode == "resume":
-    weights, epochs = resumable_fit(None, int(sys.argv[4]), sys.argv[3])
+    warn = ([_common.signal_at_step(int(sys.argv[5]), signal.SIGUSR1,
+                                    pid=os.getppid())]
+            if len(sys.argv) > 5 and index == 0 else [])
+    weights, epochs = resumable_fit(None, int(sys.argv[4]), sys.argv[3],
+                                    callbacks=warn)
     np.savez(f"{out}-{index}.npz", *weights, epochs=np.asarray(epochs))
     print(f"process {index} trained epochs {epochs}", flush=True)
     sys.exit(0)

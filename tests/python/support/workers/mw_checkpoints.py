@@ -24,27 +24,6 @@ import multigpu
 EPOCHS = 4
 
 
-class KillAt(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.step:
-            print(f"killing myself after step {self.step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-class WarnParentAt(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.step:
-            os.kill(os.getppid(), signal.SIGUSR1)
-
-
 def build():
     keras.utils.set_random_seed(1234)
     model = mlp()
@@ -72,9 +51,12 @@ def main():
     callbacks = multigpu.checkpoint_callbacks(options.checkpoint_dir,
                                               save_freq=save_freq)
     if options.kill_worker == index:
-        callbacks.append(KillAt(options.at_step))
+        callbacks.append(_common.signal_at_step(
+            options.at_step, signal.SIGKILL,
+            say=f"killing myself after step {options.at_step}"))
     if options.warn_launcher_at_step and index == 0:
-        callbacks.append(WarnParentAt(options.warn_launcher_at_step))
+        callbacks.append(_common.signal_at_step(
+            options.warn_launcher_at_step, signal.SIGUSR1, pid=os.getppid()))
     multigpu.fit_distributed(model, data, epochs=EPOCHS, verbose=0,
                              callbacks=callbacks)
     np.savez(os.path.join(options.out_dir, f"weights-{index}.npz"),

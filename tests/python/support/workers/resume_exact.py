@@ -39,17 +39,6 @@ def _die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SignalAtStep(keras.callbacks.Callback):
-    def __init__(self, step, signum):
-        super().__init__()
-        self.step = step
-        self.signum = signum
-
-    def on_train_batch_end(self, batch, logs=None):
-        if int(self.model.optimizer.iterations.numpy()) == self.step:
-            os.kill(os.getpid(), self.signum)
-
-
 def kill_inside_write(n):
     """Dies in the n-th commit: temporary file complete, not yet renamed."""
     real_commit = checkpoints.atomic.commit
@@ -129,11 +118,11 @@ def main():
 def _add_stops(callbacks, options):
     """The callbacks that kill, warn or slow the run, as the options ask."""
     if options.kill_step:
-        callbacks.append(SignalAtStep(options.kill_step, signal.SIGKILL))
+        callbacks.append(_common.signal_at_step(options.kill_step, signal.SIGKILL))
     if options.slow_until_requeued:
         callbacks.append(_common.slow_until_requeued(options.slow_until_requeued))
     if options.signal_step:
-        callbacks.append(SignalAtStep(options.signal_step, signal.SIGUSR1))
+        callbacks.append(_common.signal_at_step(options.signal_step, signal.SIGUSR1))
 
 
 def _finish(model, options):
