@@ -65,16 +65,16 @@ def worker(output):
 
     mesh = mesh_lib.device_mesh(multigpu.available_devices()["CPU"])
     split = mesh_lib.split_rows(mesh)
+    shardings = [split, split]
+    ways = {
+        "device_put": lambda b: jax.device_put(b, shardings),
+        "put_global": lambda b: processes.put_global(b, shardings),
+        "agreement": processes.check_same_batch,
+    }
     rows = []
     for shape in SHAPES:
         x = np.random.default_rng(0).standard_normal(shape).astype("float32")
         batch = [x, x[:, :4].copy()]
-        shardings = [split, split]
-        ways = {
-            "device_put": lambda b: jax.device_put(b, shardings),
-            "put_global": lambda b: processes.put_global(b, shardings),
-            "agreement": processes.check_same_batch,
-        }
         for place in ways.values():  # compiled and warm
             _timed(place, batch)
         seconds = {name: [] for name in ways}
