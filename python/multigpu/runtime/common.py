@@ -35,6 +35,10 @@ def usable_cores():
     Returns:
         An int >= 1: `os.sched_getaffinity` on Linux, `os.cpu_count()`
         elsewhere (macOS and Windows have no affinity call).
+
+    Example:
+    >>> usable_cores()
+    2
     """
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -42,7 +46,19 @@ def usable_cores():
 
 
 def warn_if_oversubscribed(n, device_type):
-    """Warns when `n` logical CPU devices are far more than the cores."""
+    """Warns when `n` logical CPU devices are far more than the cores.
+
+    More than `OVERSUBSCRIPTION` per core only slow a simulation: the
+    devices share the cores. Called by each runtime's `virtual_devices`
+    (its `stacklevel` points at the caller of `multigpu.virtual_devices`).
+
+    Args:
+        n: The number of logical devices asked for.
+        device_type: `"CPU"` or `"GPU"` (GPUs are never warned about).
+
+    Example:
+    >>> warn_if_oversubscribed(64, "CPU")   # on 2 cores: a UserWarning
+    """
     cores = usable_cores()
     if device_type != "CPU" or n <= OVERSUBSCRIPTION * cores:
         return
