@@ -38,6 +38,18 @@ def test_import_without_tensorflow_names_the_extras():
     assert 'pip install "multigpu[gpu]"' in message
 
 
+def test_the_jax_extra_and_the_core_install_no_tensorflow():
+    # On JAX multigpu runs without TensorFlow
+    # (engines/jax/test_jax_without_tensorflow.py): `pip install
+    # "multigpu[jax]"` must not bring it, directly or through the core.
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    required = project["dependencies"] + project["optional-dependencies"]["jax"]
+    names = [Requirement(line).name for line in required]
+    assert "jax" in names
+    assert not [n for n in names if n.startswith("tensorflow")], names
+
+
 def _tensorflow_requirement(extra, environment):
     """The TensorFlow requirement `extra` selects on a platform."""
     with open(ROOT / "pyproject.toml", "rb") as f:
