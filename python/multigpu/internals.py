@@ -175,11 +175,15 @@ def stored_value(variable):
     """A Keras variable's value as stored: no stateless scope, no autocast.
 
     On TensorFlow the stored value is a `tf.Variable`, read here into a
-    tensor; on JAX it is an array already.
+    tensor as `tf.convert_to_tensor` reads it (on the variable's device:
+    `read_value` would add an identity in the caller's device scope, a
+    copy across devices); on JAX it is an array already.
     """
     value = variable._value
-    read = getattr(value, "read_value", None)
-    return value if read is None else read()
+    tf = sys.modules.get("tensorflow")  # a tf.Variable exists only then
+    if tf is not None and isinstance(value, tf.Variable):
+        return tf.convert_to_tensor(value)
+    return value
 
 
 # A failed `fit`'s input iterators (`multigpu.engines.tensorflow.trainer.TensorFlowTrainer.fit`).

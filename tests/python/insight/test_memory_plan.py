@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import multigpu
 from multigpu.insight.memory_plan import activation_bytes
+from multigpu.runtime import tensorflow as tensorflow_runtime
 from multigpu.variables import variable_bytes
 from support.models import mlp
 
@@ -151,12 +152,13 @@ def test_find_batch_size_backs_off_on_out_of_memory(monkeypatch):
     model = mlp()
     tried = []
 
-    def trial_step(model, device, rows):
+    def trial_pass(model, device, specs):
+        rows = specs[0][0][0]
         tried.append(rows)
         if rows > 50:
             raise tf.errors.ResourceExhaustedError(None, None, "OOM")
 
-    monkeypatch.setattr(memory_plan_module, "_trial_step", trial_step)
+    monkeypatch.setattr(tensorflow_runtime, "trial_pass", trial_pass)
     batch = multigpu.find_batch_size(model, gpus=2, device_memory=MIB,
                                      optimizer="sgd", trial=True)
     assert tried[0] > 50 and tried[-1] <= 50 and batch == 2 * tried[-1]
