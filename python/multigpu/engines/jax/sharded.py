@@ -149,7 +149,7 @@ class ShardedModel(TemplateWrapper):
 
     # Keras's own attribute, which its JAX trainer reads to `jax.jit` the
     # whole step (the batch is split inside it), in place of the
-    # TensorFlow engines' per-replica switch (`TemplateBacked.jit_compile`),
+    # TensorFlow engines' per-replica switch (`TensorFlowTrainer.jit_compile`),
     # which would read False and run the step op by op.
     jit_compile = True
 

@@ -61,7 +61,7 @@ def layer_without_jit(model):
 class _FitInputs:
     """The input iterator the current `fit` last passed to its train function.
 
-    `TemplateBacked.fit` frees it when `fit` raises (`release`), so that it
+    `TensorFlowTrainer.fit` frees it when `fit` raises (`release`), so that it
     is not freed later by a garbage collection, when freeing it can wait
     for its tf.data threads (docs/tf-data-stall.md). Held by the model; the train
     function's `"watch"` link (`watching`) refers to this object, not the
