@@ -131,8 +131,14 @@ scenario_metrics <- function(spec) {
 
 # Keras keeps some lists in tracking wrappers that reticulate leaves as
 # Python objects; a plain Python list converts to a character vector.
+# Output names as a character vector: from Keras's tracked list, which
+# reticulate leaves a Python object, or from a plain list it already
+# converted (one name arrives as a string, which list() would split).
 scenario_names <- function(value) {
-  unlist(reticulate::import_builtins()$list(value))
+  if (inherits(value, "python.builtin.object")) {
+    value <- reticulate::import_builtins()$list(value)
+  }
+  as.character(unlist(value))
 }
 
 scenario_compile_args <- function(spec) {
