@@ -125,6 +125,13 @@ for name, call in [
     except ModuleNotFoundError as error:
         refusals[name] = [error.name, str(error)]
 found["refusals"] = refusals
+# A call refused on JAX anyway (backends.require_backend) says how to
+# install TensorFlow too.
+try:
+    multigpu.check_equivalence(reference, x, y, gpus=2, engine="strategy")
+    found["strategy_engine"] = None
+except multigpu.backends.UnsupportedBackendError as error:
+    found["strategy_engine"] = str(error)
 try:
     raise ValueError("not a strategy's error")
 except multigpu.StrategyUsageError:
@@ -167,4 +174,6 @@ def test_multi_gpu_model_trains_predicts_saves_and_resumes_without_tensorflow():
         assert 'pip install "multigpu[gpu]"' in message
         assert "KERAS_BACKEND=tensorflow" in message
     assert found["except"] == "passed through"
+    assert "engine='strategy'" in found["strategy_engine"]
+    assert 'pip install "multigpu[cpu]"' in found["strategy_engine"]
     assert found["tensorflow"] == []
