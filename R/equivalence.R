@@ -4,7 +4,8 @@
 #' same order (the first `steps * batch_size` rows of `x`, not shuffled),
 #' twice: on a single device, and through `engine`, and compares what they
 #' logged and learned. `"auto"` (the default), `"replicate"` and
-#' `"mirrored"` are the engines of [multi_gpu_model()] (`"auto"` runs the
+#' `"mirrored"` are the engines of [multi_gpu_model()] on TensorFlow, and
+#' `"jax"` its engine after `keras3::use_backend("jax")` (`"auto"` runs the
 #' one [multi_gpu_model()] runs by default on these devices);
 #' `"strategy"` copies the model under [mirrored_strategy()]'s scope and
 #' trains the copy with keras3's own `fit()`. The one-device run is `model`
@@ -35,7 +36,8 @@
 #'   or every logical CPU device), a count >= 2, GPU ids or device names.
 #' @param engine `"auto"` (the default: the engine [multi_gpu_model()]
 #'   runs by default on these devices; the report's `engine` says which),
-#'   `"replicate"`, `"mirrored"` or `"strategy"`.
+#'   `"replicate"`, `"mirrored"`, `"strategy"` (TensorFlow) or `"jax"`
+#'   (JAX).
 #' @param steps Training steps to compare, a whole number >= 1.
 #' @param batch_size Rows per step (the global batch); `NULL` takes the
 #'   largest multiple of the device count that leaves `steps` batches in
@@ -79,7 +81,7 @@
 #' report   # prints the first quantity that differs, if any, and why
 check_equivalence <- function(model, x, y, gpus = NULL,
                               engine = c("auto", "replicate", "mirrored",
-                                         "strategy"),
+                                         "strategy", "jax"),
                               steps = 3, batch_size = NULL, tolerance = 1e-4,
                               sync_batchnorm = NULL) {
   check_model(model)

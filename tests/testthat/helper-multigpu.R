@@ -112,3 +112,23 @@ skip_if_no_slurm <- function() {
   if (nzchar(Sys.getenv("CI"))) stop(reason, " (CI must run the Slurm tests)")
   skip(reason)
 }
+
+# What one process trains on the workers' global batches: the worker
+# scripts' model (4 inputs, Dense(8, relu), Dense(1); SGD 0.05 with
+# momentum 0.9, mean squared error) from `initial` weights, on data$x and
+# data$y for data$epochs epochs, in order. Returns its loss history and
+# final weights.
+one_process_fit <- function(initial, data, batch_size) {
+  keras <- keras_py()
+  reference <- keras$Sequential(list(
+    keras$Input(shape = list(ncol(data$x))),
+    keras$layers$Dense(8L, activation = "relu"),
+    keras$layers$Dense(1L)
+  ))
+  reference$set_weights(initial)
+  reference |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
+                       loss = "mse")
+  history <- reference |> fit(data$x, data$y, batch_size = batch_size,
+                              epochs = data$epochs, shuffle = FALSE, verbose = 0)
+  list(loss = history$metrics$loss, weights = reference$get_weights())
+}

@@ -121,19 +121,9 @@ expect_two_workers_train_like_one_process <- function(start) {
   expect_identical(workers[[2]]$replicas, 2L)
   expect_identical(workers[[1]]$weights, workers[[2]]$weights)
 
-  keras <- keras_py()
-  reference <- keras$Sequential(list(
-    keras$Input(shape = list(4L)),
-    keras$layers$Dense(8L, activation = "relu"),
-    keras$layers$Dense(1L)
-  ))
-  reference$set_weights(workers[[1]]$initial)
-  reference |> compile(optimizer = keras$optimizers$SGD(0.05, momentum = 0.9),
-                       loss = "mse")
-  history <- reference |> fit(data$x, data$y, batch_size = 16, epochs = 3,
-                              shuffle = FALSE, verbose = 0)
-  expect_equal(workers[[1]]$loss, history$metrics$loss, tolerance = 1e-5)
-  expect_equal(workers[[1]]$weights, reference$get_weights(), tolerance = 1e-5)
+  reference <- one_process_fit(workers[[1]]$initial, data, batch_size = 16)
+  expect_equal(workers[[1]]$loss, reference$loss, tolerance = 1e-5)
+  expect_equal(workers[[1]]$weights, reference$weights, tolerance = 1e-5)
 }
 
 test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fit_distributed() trains like one process", {

@@ -21,6 +21,24 @@ BACKEND_ENGINES = {
     "tensorflow": ("replicate", "mirrored"),
     "jax": ("jax",),
 }
+# Picks among the engines of the backend that runs.
+AUTO = "auto"
+
+
+def engines_of(backend):
+    """The `engine` values `multi_gpu_model` takes on `backend`.
+
+    Args:
+        backend: A name of `BACKEND_ENGINES`.
+
+    Returns:
+        `"auto"`, then the backend's engines.
+
+    Example:
+    >>> engines_of("tensorflow")
+    ('auto', 'replicate', 'mirrored')
+    """
+    return (AUTO, *BACKEND_ENGINES[backend])
 
 
 class EngineChoice(collections.namedtuple(

@@ -23,7 +23,7 @@ from multigpu.messages import api, literal, literals, setting
 
 # The engines on TensorFlow; on JAX `"auto"` and `"jax"`
 # (`choice.decide_jax_engine`).
-ENGINES = ("auto", "replicate", "mirrored")
+ENGINES = choice_lib.engines_of("tensorflow")
 # The replicate engine runs one graph whose replicas share the template's
 # variables: no variable copies, no collectives, and transfers between
 # logical devices are references. On 3 or more GPUs the mirrored engine's

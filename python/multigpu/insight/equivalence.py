@@ -28,13 +28,15 @@ import numpy as np
 from multigpu import backends, internals, runtime
 from multigpu import devices as devices_lib
 from multigpu.arguments import check_flag, check_int
+from multigpu.engines import choice
 from multigpu.engines.compiled import compile_arguments
 from multigpu.engines.copies import CopyMismatch, copy_in_scope, mismatch_text
 from multigpu.engines.front import DEFAULT_ENGINE, multi_gpu_model
 from multigpu.engines.functional import callable_graph
 from multigpu.messages import api, current_language, literal, literals, setting
 
-ENGINES = ("auto", "replicate", "mirrored", "strategy", "jax")
+ENGINES = (*choice.engines_of("tensorflow"), "strategy",
+           *choice.BACKEND_ENGINES["jax"])
 # The quantity a report names when the engine's copy of the model computes
 # otherwise before any training: nothing else can be compared then.
 COPY = "copy"

@@ -40,21 +40,18 @@ import keras
 import numpy as np
 from keras import distribution as distribution_lib
 
-from multigpu import inputs, internals
+from multigpu import internals
 from multigpu.engines import copies
 from multigpu.engines.functional import callable_graph, layer_name
 from multigpu.engines.jax import guard
-from multigpu.engines.jax import mesh as mesh_lib
 from multigpu.engines.template import (
     TemplateLayer,
     TemplateWrapper,
     compile_defaults,
-    compile_like_template,
     compile_template_alike,
-    with_callbacks,
 )
 from multigpu.messages import api, literal, literals, setting
-from multigpu.step import nonfinite
+from multigpu.runtime import jax as jax_runtime
 
 # The mesh's axes: batches along the first (one device: never split),
 # weights along the second.
@@ -185,7 +182,7 @@ def device_mesh(devices):
     >>> device_mesh(["/device:CPU:0", "/device:CPU:1"]).shape
     (1, 2)
     """
-    found = [mesh_lib.jax_device(d) for d in devices]
+    found = [jax_runtime.device(d) for d in devices]
     return distribution_lib.DeviceMesh((1, len(found)), (BATCH_AXIS, MODEL_AXIS),
                                        found)
 
@@ -240,7 +237,7 @@ def device_bytes(variables, devices):
     Returns:
         `{device: bytes}`, over the shards each device holds.
     """
-    by_jax = {mesh_lib.jax_device(d): d for d in devices}
+    by_jax = {jax_runtime.device(d): d for d in devices}
     held = dict.fromkeys(devices, 0)
     for variable in {id(v): v for v in variables}.values():
         for shard in variable.value.addressable_shards:
@@ -276,7 +273,7 @@ def _input_like(tensor):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ShardedWeightsModel(TemplateWrapper):
+class ShardedWeightsModel(guard.HostGuarded, TemplateWrapper):
     """A Keras model whose template's weights are split across `devices`.
 
     What `model_parallel` returns on the JAX backend. Use it exactly like
@@ -357,7 +354,7 @@ class ShardedWeightsModel(TemplateWrapper):
         """
         held = device_bytes(self.template.weights, self.devices)
         count = {d: 0 for d in self.devices}
-        by_jax = {mesh_lib.jax_device(d): d for d in self.devices}
+        by_jax = {jax_runtime.device(d): d for d in self.devices}
         for variable in {id(v): v for v in self.template.weights}.values():
             for device in {by_jax.get(s.device) for s in
                            variable.value.addressable_shards} - {None}:
@@ -428,48 +425,9 @@ class ShardedWeightsModel(TemplateWrapper):
             keras.Model.compile(self, *args, jit_compile=True, **kwargs)
             compile_template_alike(self, args, kwargs)
 
-    _check_finite = True
-
-    @property
-    def check_finite(self):
-        """Whether `fit` stops on a batch with NaN or inf (True by default).
-
-        Each training batch is checked on the host before its step
-        (`multigpu.engines.jax.guard`), as by `multi_gpu_model` on JAX.
-        """
-        return self._check_finite
-
-    @check_finite.setter
-    def check_finite(self, value):
-        self._check_finite = nonfinite.check_finite_flag(value)
-
-    def _position(self):
-        return internals.untracked(self, "_fit_position",
-                                   make=nonfinite.Position)
-
-    def _checked(self, state, iterator):
-        if not self.check_finite:
-            return iterator
-        try:
-            return guard.checked_batches(
-                iterator, max(int(self.steps_per_execution or 1), 1),
-                self._position(), [layer_name(t) for t in self.inputs],
-                list(self.output_names))
-        except nonfinite.NonFiniteInputError:
-            internals.hold_jax_state(self, state)
-            raise
-
     def fit(self, *args, **kwargs):
         with self._scope():
-            compile_like_template(self)
-            position = self._position()
-            args, kwargs = with_callbacks(self, args, kwargs, [position])
-            try:
-                return inputs.checked_call(
-                    self, "fit", lambda *a, **k: keras.Model.fit(self, *a, **k),
-                    args, kwargs)
-            finally:
-                position.clear()
+            return self.guarded_fit(args, kwargs)
 
     def evaluate(self, *args, **kwargs):
         with self._scope():

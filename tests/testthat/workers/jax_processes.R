@@ -7,12 +7,9 @@
 # weights, and the loss history.
 library(keras3)
 use_backend("jax")
-source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
-if (nzchar(source_tree)) {
-  pkgload::load_all(source_tree, quiet = TRUE)
-} else {
-  library(multigpu)
-}
+# multigpu, from the source tree under test or installed (load.R, beside this).
+source(file.path(dirname(sub("^--file=", "", grep("^--file=", commandArgs(), value = TRUE))),
+                 "load.R"))
 args <- commandArgs(trailingOnly = TRUE)
 data <- readRDS(args[[1]])
 

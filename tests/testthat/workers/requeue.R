@@ -5,12 +5,9 @@
 # allocation (SECONDS after every batch until Slurm has requeued the job),
 # so that it reaches its time limit. Writes OUT.rds: the final weights.
 library(keras3)
-source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
-if (nzchar(source_tree)) {
-  pkgload::load_all(source_tree, quiet = TRUE)
-} else {
-  library(multigpu)
-}
+# multigpu, from the source tree under test or installed (load.R, beside this).
+source(file.path(dirname(sub("^--file=", "", grep("^--file=", commandArgs(), value = TRUE))),
+                 "load.R"))
 args <- commandArgs(trailingOnly = TRUE)
 checkpoint_dir <- args[[1]]
 seconds <- as.numeric(args[[3]])

@@ -7,12 +7,9 @@
 # optimizer and loss.
 keras3_user <- identical(Sys.getenv("MULTIGPU_WORKER_KERAS3"), "true")
 if (keras3_user) library(keras3)
-source_tree <- Sys.getenv("MULTIGPU_R_SOURCE")
-if (nzchar(source_tree)) {
-  pkgload::load_all(source_tree, quiet = TRUE)
-} else {
-  library(multigpu)
-}
+# multigpu, from the source tree under test or installed (load.R, beside this).
+source(file.path(dirname(sub("^--file=", "", grep("^--file=", commandArgs(), value = TRUE))),
+                 "load.R"))
 args <- commandArgs(trailingOnly = TRUE)
 data <- readRDS(args[[1]])
 

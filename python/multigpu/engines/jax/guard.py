@@ -17,6 +17,9 @@ import itertools
 import keras
 import numpy as np
 
+from multigpu import inputs, internals
+from multigpu.engines.functional import layer_name
+from multigpu.engines.template import compile_like_template, with_callbacks
 from multigpu.step import nonfinite
 
 
@@ -98,3 +101,71 @@ def checked_batches(iterator, steps, position, input_names=(), output_names=()):
         if found is not None:
             raise found.error(position.at(offset))
     return iter(batches)
+
+
+class HostGuarded:
+    """The guard as the JAX models carry it: `check_finite`, the checked batches, `fit`.
+
+    Mixed into `ShardedModel` (`multi_gpu_model`) and `ShardedWeightsModel`
+    (`model_parallel`): each hands `_checked` to the train function it
+    makes, and trains through `guarded_fit`.
+    """
+
+    _check_finite = True
+
+    @property
+    def check_finite(self):
+        """Whether `fit` stops on a batch with NaN or inf (True by default).
+
+        Each training batch is checked on the host before its step
+        (`multigpu.engines.jax.guard`); a bad one raises
+        `NonFiniteInputError` before it changes anything. Set it to False
+        (in R, `model$check_finite <- FALSE`) to train without the check.
+        """
+        return self._check_finite
+
+    @check_finite.setter
+    def check_finite(self, value):
+        self._check_finite = nonfinite.check_finite_flag(value)
+
+    def _position(self):
+        """The `nonfinite.Position` callback every `fit` gets, made once."""
+        return internals.untracked(self, "_fit_position",
+                                   make=nonfinite.Position)
+
+    def _checked(self, state, iterator):
+        """The batches of one call of the train function, checked if on.
+
+        A bad batch leaves `state`, the state before the call, to be put
+        back into the variables when `fit` ends.
+        """
+        if not self.check_finite:
+            return iterator
+        try:
+            return checked_batches(
+                iterator, max(int(self.steps_per_execution or 1), 1),
+                self._position(), [layer_name(t) for t in self.inputs],
+                list(self.output_names))
+        except nonfinite.NonFiniteInputError:
+            internals.hold_jax_state(self, state)
+            raise
+
+    def guarded_fit(self, args, kwargs):
+        """`keras.Model.fit` with the guard's position callback and the data checks.
+
+        Args:
+            args, kwargs: What `fit` was called with.
+
+        Returns:
+            The `History` of `keras.Model.fit`.
+        """
+        compile_like_template(self)
+        position = self._position()
+        args, kwargs = with_callbacks(self, args, kwargs, [position])
+        try:
+            return inputs.checked_call(
+                self, "fit", lambda *a, **k: keras.Model.fit(self, *a, **k),
+                args, kwargs)
+        finally:
+            # A failed `fit` ends without `on_train_end`.
+            position.clear()

@@ -17,34 +17,9 @@ import jax
 import numpy as np
 
 from multigpu.engines.jax import processes
-from multigpu.messages import literal
+from multigpu.runtime import jax as jax_runtime
 
 BATCH_AXIS = "batch"
-
-
-def jax_device(name):
-    """The JAX device a canonical device name (`"/device:CPU:1"`) names.
-
-    Its index is its position among JAX's devices of its platform, as
-    `multigpu.available_devices` lists them on the JAX backend.
-
-    Raises:
-        ValueError: if JAX has no such device.
-
-    Example:
-    >>> jax_device("/device:CPU:1")
-    CpuDevice(id=1)
-    """
-    kind, index = name.rsplit(":", 2)[-2:]
-    if kind == "CPU":
-        pool = jax.devices("cpu")
-    else:
-        pool = [d for d in jax.devices() if d.platform == "gpu"]
-    if int(index) >= len(pool):
-        raise ValueError(
-            f"Invalid device {literal(name)}: JAX has {len(pool)} {kind} device(s)."
-        )
-    return pool[int(index)]
 
 
 def device_mesh(devices):
@@ -64,7 +39,7 @@ def device_mesh(devices):
     >>> device_mesh(["/device:CPU:0", "/device:CPU:1"]).shape
     {'batch': 2}
     """
-    found = [jax_device(d) for d in devices]
+    found = [jax_runtime.device(d) for d in devices]
     processes.check_devices_span_processes(devices, found)
     return jax.sharding.Mesh(np.array(found), (BATCH_AXIS,))
 

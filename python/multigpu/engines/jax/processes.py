@@ -98,7 +98,7 @@ def check_devices_span_processes(devices, jax_devices):
         ValueError: naming the processes left out and the fix.
 
     Example:
-    >>> check_devices_span_processes(names, [jax_device(n) for n in names])
+    >>> check_devices_span_processes(names, [jax_runtime.device(n) for n in names])
     """
     if jax.process_count() < 2:
         return

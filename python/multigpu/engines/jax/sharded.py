@@ -16,20 +16,17 @@ batches that divide evenly between the devices.
 
 import keras
 
-from multigpu import inputs, internals
-from multigpu.engines.functional import batch_input_like, callable_graph, layer_name
+from multigpu import internals
+from multigpu.engines.functional import batch_input_like, callable_graph
 from multigpu.engines.jax import guard
 from multigpu.engines.jax import mesh as mesh_lib
 from multigpu.engines.template import (
     TemplateLayer,
     TemplateWrapper,
     compile_defaults,
-    compile_like_template,
     compile_template_alike,
-    with_callbacks,
 )
 from multigpu.messages import literal, setting
-from multigpu.step import nonfinite
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
@@ -59,7 +56,7 @@ class ShardedTemplate(TemplateLayer):
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
-class ShardedModel(TemplateWrapper):
+class ShardedModel(guard.HostGuarded, TemplateWrapper):
     """A Keras model whose compiled steps XLA splits across `devices`.
 
     Use it exactly like the template: `compile`, `fit`, `evaluate`,
@@ -108,45 +105,6 @@ class ShardedModel(TemplateWrapper):
         """Always True: BatchNormalization sees the whole batch's statistics."""
         return True
 
-    _check_finite = True
-
-    @property
-    def check_finite(self):
-        """Whether `fit` stops on a batch with NaN or inf (True by default).
-
-        Each training batch is checked on the host before it is placed on
-        the devices (`multigpu.engines.jax.guard`); a bad one raises
-        `NonFiniteInputError` before it changes anything. Set it to False
-        (in R, `model$check_finite <- FALSE`) to train without the check.
-        """
-        return self._check_finite
-
-    @check_finite.setter
-    def check_finite(self, value):
-        self._check_finite = nonfinite.check_finite_flag(value)
-
-    def _position(self):
-        """The `nonfinite.Position` callback every `fit` gets, made once."""
-        return internals.untracked(self, "_fit_position",
-                                   make=nonfinite.Position)
-
-    def _checked(self, state, iterator):
-        """The batches of one call of the train function, checked if on.
-
-        A bad batch leaves `state`, the state before the call, to be put
-        back into the variables when `fit` ends.
-        """
-        if not self.check_finite:
-            return iterator
-        try:
-            return guard.checked_batches(
-                iterator, max(int(self.steps_per_execution or 1), 1),
-                self._position(), [layer_name(t) for t in self.inputs],
-                list(self.output_names))
-        except nonfinite.NonFiniteInputError:
-            internals.hold_jax_state(self, state)
-            raise
-
     # Keras's own attribute, which its JAX trainer reads to `jax.jit` the
     # whole step (the batch is split inside it), in place of the
     # TensorFlow engines' per-replica switch (`TensorFlowTrainer.jit_compile`),
@@ -178,16 +136,7 @@ class ShardedModel(TemplateWrapper):
         compile_template_alike(self, args, kwargs)
 
     def fit(self, *args, **kwargs):
-        compile_like_template(self)
-        position = self._position()
-        args, kwargs = with_callbacks(self, args, kwargs, [position])
-        try:
-            return inputs.checked_call(
-                self, "fit", lambda *a, **k: keras.Model.fit(self, *a, **k),
-                args, kwargs)
-        finally:
-            # A failed `fit` ends without `on_train_end`.
-            position.clear()
+        return self.guarded_fit(args, kwargs)
 
     # Keras's steps on the whole batch: the template layer splits it, and
     # everything a step returns is made whole on every device again.

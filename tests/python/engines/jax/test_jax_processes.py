@@ -95,8 +95,23 @@ def test_a_worker_that_dies_takes_the_other_down_with_its_name(tmp_path, capfd):
     assert not os.path.exists(tmp_path / "run-0.npz")
 
 
+@pytest.fixture(scope="module")
+def unbroken():
+    """The weights of `resumable_fit` uninterrupted, on this process's 4 devices."""
+    weights, _ = resumable_fit(4, 4)
+    return weights
+
+
+def _assert_both_end_on(out, weights):
+    for index in (0, 1):
+        with np.load(f"{out}-{index}.npz") as saved:
+            got = [saved[f"arr_{i}"] for i in range(len(weights))]
+        for got_weight, want in zip(got, weights, strict=True):
+            np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)
+
+
 def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weights(
-        tmp_path, capfd):
+        tmp_path, capfd, unbroken):
     checkpoints, out = str(tmp_path / "checkpoints"), str(tmp_path / "run")
     for epochs in (2, 4):
         assert launch.launch(script("jax_processes.py"),
@@ -107,16 +122,11 @@ def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weight
     assert printed.count("trained epochs [2, 3]") == 2
     # The newest checkpoint is the last epoch's.
     assert list_checkpoints(checkpoints)[0].endswith("ckpt-4.keras")
-    unbroken, _ = resumable_fit(4, 4)
-    for index in (0, 1):
-        with np.load(f"{out}-{index}.npz") as saved:
-            got = [saved[f"arr_{i}"] for i in range(len(unbroken))]
-        for got_weight, want in zip(got, unbroken, strict=True):
-            np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)
+    _assert_both_end_on(out, unbroken)
 
 
 def test_a_warning_to_the_launcher_stops_both_after_one_batch_and_the_rerun_ends_unbroken(
-        tmp_path):
+        tmp_path, unbroken):
     """SIGUSR1 to the launcher reaches both processes at slightly different
     moments; they agree after every batch, stop after the same one, process
     0 saves, both exit with 75; run again, they end on the unbroken run's
@@ -138,9 +148,4 @@ def test_a_warning_to_the_launcher_stops_both_after_one_batch_and_the_rerun_ends
     done = subprocess.run(command, capture_output=True, text=True,
                           timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
-    unbroken, _ = resumable_fit(4, 4)
-    for index in (0, 1):
-        with np.load(f"{out}-{index}.npz") as saved:
-            got = [saved[f"arr_{i}"] for i in range(len(unbroken))]
-        for got_weight, want in zip(got, unbroken, strict=True):
-            np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)
+    _assert_both_end_on(out, unbroken)
