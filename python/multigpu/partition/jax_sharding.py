@@ -52,6 +52,7 @@ from multigpu.engines.template import (
 )
 from multigpu.messages import api, literal, literals, setting
 from multigpu.runtime import jax as jax_runtime
+from multigpu.step import train_function
 
 # The mesh's axes: batches along the first (one device: never split),
 # weights along the second.
@@ -455,13 +456,21 @@ class ShardedWeightsModel(guard.HostGuarded, TemplateWrapper):
     # mesh can take.
 
     def make_train_function(self, force=False):
-        before = self.train_function
         self._place_on_mesh()
         keras.Model.make_train_function(self, force)
-        function = self.train_function
-        if function is not None and function is not before:
-            self.train_function = _checked_function(function, self._checked)
+        if self.train_function is not None:
+            # Registered again for each new function Keras makes (the
+            # chain it replaces is gone); the same link again changes nothing.
+            train_function.link(self, "guard", self._guarding)
         return self.train_function
+
+    def _guarding(self, inner):
+        """The train function's `"guard"` link: each call's batches checked first."""
+
+        def train(state, iterator):
+            return inner(state, self._checked(state, iterator))
+
+        return train
 
     def make_test_function(self, force=False):
         self._place_on_mesh()
@@ -498,15 +507,6 @@ def _replicate_strays(variables, mesh):
         if sharding is None or set(sharding.device_set) != devices:
             internals.set_variable_layout(variable, distribution_lib.TensorLayout(
                 (None,) * len(variable.shape), mesh))
-
-
-def _checked_function(function, checked):
-    """`function(state, iterator)` with the iterator's batches `checked` first."""
-
-    def checked_call(state, iterator):
-        return function(state, checked(state, iterator))
-
-    return checked_call
 
 
 def check_pipeline_arguments(split, microbatches):

@@ -3,9 +3,10 @@
 Keras's `fit` calls `model.train_function` once per step with the data
 iterator (`train_on_batch` once per call, with a generator of its batch);
 on JAX with the trainer's state first, `train_function(state, iterator)`,
-and a chain passes its arguments on as they come (on JAX only the
-`"monitor"` link runs: the others belong to TensorFlow's engines and
-checkpoints).
+and a chain passes its arguments on as they come (on JAX the `"resume"`
+and `"monitor"` links run, and the `"guard"` link of a `model_parallel`
+model, `multigpu.partition.jax_sharding`; the rest belong to TensorFlow's
+engines).
 Several parts of multigpu act around that call. Each registers a named
 link here (`link`, `unlink`), and this module alone assigns
 `model.train_function`: the links nest in the order of `ORDER`, outermost

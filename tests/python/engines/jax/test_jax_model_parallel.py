@@ -234,3 +234,25 @@ def test_the_pipelines_arguments_are_refused_on_jax(argument, value, fix):
         multigpu.model_parallel(_mlp(), devices=2, **{argument: value})
     assert f"Invalid `{argument}`: received {value!r}" in str(error.value)
     assert fix in str(error.value)
+
+
+def test_a_nan_batch_stops_fit_before_it_changes_anything():
+    """The NaN guard of the model whose weights are split: `fit` stops at the
+    bad batch with the weights one device has after the batches before it."""
+    rng = np.random.default_rng(5)
+    x, y = _data(_mlp(), rng)
+    x[BATCH + 3, 2] = np.nan  # row 4 of the second batch
+    keras.utils.set_random_seed(3)
+    model = _mlp()
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    sharded = multigpu.model_parallel(model, devices=4)
+    sharded.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    with pytest.raises(multigpu.NonFiniteInputError,
+                       match="epoch 1, batch 2 .counted from 1.: x has 1 NaN"):
+        sharded.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    reference.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    reference.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+    for got, want in zip(sharded.get_weights(), reference.get_weights(),
+                         strict=True):
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
