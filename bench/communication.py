@@ -114,7 +114,7 @@ def worker(workload, num_devices, engines, repeats):
     import warnings
 
     from multigpu import placement
-    from multigpu.placement import communication
+    from multigpu.placement import traffic as traffic_lib
 
     warnings.simplefilter("ignore", UserWarning)
     rows = ROWS_PER_REPLICA[workload]
@@ -124,12 +124,12 @@ def worker(workload, num_devices, engines, repeats):
         _, x, y = _model_and_data(workload, rows * num_devices)
         started = time.perf_counter()
         transfers = placement.step_traffic(model, x, y)
-        by_device = communication.bytes_by_device(transfers)
+        by_device = traffic_lib.bytes_by_device(transfers)
         results.append({
             "workload": workload, "engine": engine, "devices": num_devices,
             "rows_per_replica": rows,
             "gradient_bytes": placement.gradient_bytes(model),
-            "by_kind": communication.bytes_by_kind(transfers),
+            "by_kind": traffic_lib.bytes_by_kind(transfers),
             "by_device": {d: list(v) for d, v in by_device.items()},
             "unknown_sizes": sum(t.bytes is None for t in transfers),
             "count_seconds": time.perf_counter() - started,
@@ -175,7 +175,7 @@ def extrapolate(row, n):
     Returns:
         A row like a counted one, with `"extrapolated_from": 2`.
     """
-    from multigpu.placement import communication
+    from multigpu.placement import traffic as traffic_lib
 
     if row["devices"] != 2 or row["engine"] not in ("replicate", "mirrored"):
         raise ValueError(f"cannot extrapolate {row['engine']} from "
@@ -188,7 +188,7 @@ def extrapolate(row, n):
         by_kind = {k: (n - 1) * v for k, v in row["by_kind"].items()}
     else:
         buffer = row["by_kind"]["all-reduce"] / 2  # ring(C, 2) = C per device
-        ring = communication.ring_allreduce_bytes(buffer, n)
+        ring = traffic_lib.ring_allreduce_bytes(buffer, n)
         batch = row["by_kind"]["activations"] * n / 2  # whole batch, n replicas
         by_device = {HOST: [(n - 1) * batch + ring, ring]}
         by_device.update({d: [ring, batch + ring] for d in others})
@@ -245,7 +245,7 @@ def predictions(rows):
 def _predict(row, engine, traffic):
     """One configuration's predictions on every link and compute time."""
     from multigpu.insight import scaling
-    from multigpu.placement import communication
+    from multigpu.placement import traffic as traffic_lib
 
     # Compute time of one replica's TARGET_ROWS rows: measured on this CPU
     # (scaled linearly from the counted rows), and for ResNet-50 an A100's.
@@ -263,7 +263,7 @@ def _predict(row, engine, traffic):
                 "devices": row["devices"], "link": link,
                 "compute": label, "compute_seconds": seconds,
                 "comm_seconds": p.comm_seconds, "speedup": p.speedup,
-                "bound_seconds": communication.ring_allreduce_bytes(
+                "bound_seconds": traffic_lib.ring_allreduce_bytes(
                     row["gradient_bytes"], row["devices"])
                 / scaling.LINKS[link].bandwidth,
             })
@@ -277,7 +277,7 @@ def _mib(n):
 def markdown(rows, preds):
     """The communication tables as Markdown."""
     from multigpu.insight import scaling
-    from multigpu.placement import communication
+    from multigpu.placement import traffic as traffic_lib
 
     lines = ["### Bytes per training step (MiB), busiest device vs the bound",
              "",
@@ -287,12 +287,12 @@ def markdown(rows, preds):
     for row in rows:
         traffic, by_kind = _scaled(row)
         busiest = scaling.busiest_bytes(traffic)
-        bound = communication.ring_allreduce_bytes(row["gradient_bytes"],
+        bound = traffic_lib.ring_allreduce_bytes(row["gradient_bytes"],
                                                    row["devices"])
         mark = " (extrapolated)" if row.get("extrapolated_from") else ""
         lines.append(
             f"| {row['workload']} | {row['engine']} | {row['devices']}{mark} | "
-            + " | ".join(_mib(by_kind[k]) for k in communication.KINDS)
+            + " | ".join(_mib(by_kind[k]) for k in traffic_lib.KINDS)
             + f" | {_mib(busiest)} | {_mib(bound)} |")
     lines += ["", "### Predicted speed-up (per-replica batch 32; step time on "
               "PCIe 4.0 in brackets)", "",
@@ -324,14 +324,14 @@ def plot(rows, preds, path):
     import matplotlib.pyplot as plt
 
     from multigpu.insight import scaling
-    from multigpu.placement import communication
+    from multigpu.placement import traffic as traffic_lib
 
     eight = [r for r in rows if r["devices"] == 8
              and r["engine"] != "model_parallel"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     labels = [f"{r['workload']}\n{r['engine']}" for r in eight]
     busiest = [scaling.busiest_bytes(_scaled(r)[0]) / 2**20 for r in eight]
-    bound = [communication.ring_allreduce_bytes(r["gradient_bytes"], 8) / 2**20
+    bound = [traffic_lib.ring_allreduce_bytes(r["gradient_bytes"], 8) / 2**20
              for r in eight]
     xs = range(len(eight))
     left.bar([x - 0.2 for x in xs], busiest, 0.4, label="busiest device")

@@ -54,10 +54,10 @@ def _anchor(devices):
     """DataParallel over the JAX devices that `devices` name, in order."""
     import keras
 
-    from multigpu.engines.jax import mesh
+    from multigpu.runtime import jax as jax_runtime
 
     return keras.distribution.DataParallel(
-        devices=[mesh.jax_device(name) for name in devices])
+        devices=[jax_runtime.device(name) for name in devices])
 
 
 def _trained(build, x, y, batch_size, scope=None):

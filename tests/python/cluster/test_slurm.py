@@ -130,7 +130,7 @@ def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
 # Slurm's requeue delay (`cred_expire` in slurm.conf) has passed and
 # resumes. The first allocation is slowed (`--slow-until-requeued`, about
 # 215 s of steps) so that it cannot finish in time.
-REQUEUE_TIMEOUT = 600
+REQUEUE_TIMEOUT = 900
 
 
 def _sbatch(tmp_path, name, options, command):
@@ -207,17 +207,29 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken
                 "single_jax": _unbroken(tmp_path, "jax", "jax")}
     states = _wait_for_jobs([job_id for job_id, _ in jobs.values()])
     logs = {name: log.read_text() for name, (_, log) in jobs.items()}
+    restarts = {}
     for name, (job_id, _) in jobs.items():
-        assert states[job_id] == ("COMPLETED", "1"), (name, logs[name][-3000:])
+        state, restarts[name] = states[job_id][0], int(states[job_id][1])
+        assert state == "COMPLETED", (name, logs[name][-3000:])
+        # The first allocation cannot finish; a loaded machine may need a
+        # third (the resumed run warned again): each warning saves once and
+        # requeues once.
+        assert restarts[name] >= 1, (name, logs[name][-3000:])
         assert logs[name].count("caught SIGUSR1; saved the training state "
-                                "after batch") == 1, logs[name][-3000:]
-        assert f"Requeued Slurm job {job_id}" in logs[name], logs[name][-3000:]
-    # Both tasks stopped after the same batch; the chief alone saved and requeued.
+                                "after batch") == restarts[name], logs[name][-3000:]
+        assert logs[name].count(f"Requeued Slurm job {job_id}") == restarts[name], (
+            logs[name][-3000:])
+    # At each warning both tasks stopped after the same batch; the chief
+    # alone saved and requeued.
     stops = re.findall(r"caught SIGUSR1; (saved|the chief worker saved) the "
                        r"training state (after batch \d+ of epoch \d+)",
                        logs["cluster"])
-    assert sorted(who for who, _ in stops) == ["saved", "the chief worker saved"]
-    assert len({where for _, where in stops}) == 1, stops
+    by_batch = {}
+    for who, where in stops:
+        by_batch.setdefault(where, []).append(who)
+    assert len(by_batch) == restarts["cluster"], stops
+    assert all(sorted(who) == ["saved", "the chief worker saved"]
+               for who in by_batch.values()), stops
 
     for name, want in unbroken.items():
         got = np.load(tmp_path / f"{name}.npz")
@@ -225,5 +237,5 @@ def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken
             np.testing.assert_allclose(got[key], want[key], atol=1e-6, rtol=0,
                                        err_msg=name)
     runs, weights = _runs(tmp_path)
-    assert [run["restarts"] for run in runs] == [1, 1]
+    assert [run["restarts"] for run in runs] == [restarts["cluster"]] * 2
     _assert_tasks_trained_as_one_process(runs, weights, epochs=4)
