@@ -1,16 +1,15 @@
 """Decisions every worker of a job of several processes takes together.
 
 On TensorFlow the workers are those of a `MultiWorkerMirroredStrategy`; on
-JAX, the processes JAX joined (`multigpu.engines.jax.processes`). This
-module imports neither framework until one of them runs, so that the
-checkpoints that ask it run on JAX without TensorFlow.
+JAX, the processes JAX joined (`multigpu.engines.jax.processes`), which
+agree through the backend's runtime (`process_agreement`). This module
+imports neither framework until one of them runs, so that the checkpoints
+that ask it run on JAX without TensorFlow.
 """
 
 import functools
 
-import numpy as np
-
-from multigpu import backends
+from multigpu import runtime
 from multigpu.runtime import loaded_tensorflow
 
 
@@ -59,27 +58,6 @@ def any_worker(strategy, flag):
     return bool(total.numpy() > 0)
 
 
-def any_process(flag):
-    """On JAX: whether `flag` is true in any process of the job.
-
-    One gather of a number across the processes; every process must call
-    it, and none returns before all have.
-
-    Args:
-        flag: This process's bool.
-
-    Returns:
-        A bool, the same in every process.
-
-    Example:
-    >>> stop = any_process(signal_arrived)
-    """
-    from jax.experimental import multihost_utils
-
-    flags = multihost_utils.process_allgather(np.int32(bool(flag)))
-    return bool(np.asarray(flags).any())
-
-
 def agreement(strategy):
     """How the workers training under `strategy` agree on a flag, or None.
 
@@ -88,8 +66,9 @@ def agreement(strategy):
 
     Returns:
         A function of this worker's bool returning whether any worker's is
-        true (`any_worker` over the strategy, or `any_process` on JAX), or
-        None when this process trains alone.
+        true (`any_worker` over the strategy, or the runtime's
+        `process_agreement`: on JAX, `multigpu.runtime.jax.any_process`),
+        or None when this process trains alone.
 
     Example:
     >>> agree = agreement(model.distribute_strategy)
@@ -97,9 +76,4 @@ def agreement(strategy):
     """
     if spans_workers(strategy):
         return functools.partial(any_worker, strategy)
-    if backends.is_jax():
-        import jax
-
-        if jax.process_count() > 1:
-            return any_process
-    return None
+    return runtime.of_backend().process_agreement()

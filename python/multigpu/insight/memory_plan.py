@@ -452,8 +452,7 @@ def find_batch_size(model, gpus=None, device_memory=None, optimizer=None,
             f"optimizer, or {messages.api('model_parallel')} to split the "
             "model between devices.")
     if trial is None:
-        trial = (not backends.is_jax()
-                 and all(":GPU:" in d.upper() for d in devices))
+        trial = runtime.of_backend().trial_by_default(devices)
     if trial:
         rows = _back_off(model, devices[0], rows)
     return int(rows * n)

@@ -14,16 +14,14 @@ else changes. Its own per-step cost is two clock reads and three list
 appends, published in docs/benchmarks.md.
 """
 
-import itertools
 import math
 import statistics
 import time
 import warnings
 
 import keras
-import numpy as np
 
-from multigpu import arguments, backends, messages, runtime
+from multigpu import arguments, messages, runtime
 from multigpu import devices as devices_lib
 from multigpu.engines.compiled import fresh_optimizer
 from multigpu.insight import scaling
@@ -42,33 +40,15 @@ def _devices_and_engine(model):
     """The devices `model` trains on and how: engine, strategy or one device."""
     devices = getattr(model, "devices", None)
     if devices is not None and hasattr(model, "template"):
-        if backends.is_jax():
-            return list(devices), model.engine
-        engine = "mirrored" if hasattr(model, "strategy") else "replicate"
-        return list(devices), engine
+        # Each engine's model names its engine; `model_parallel`'s stages
+        # on TensorFlow place like the replicate engine.
+        return list(devices), getattr(model, "engine", "replicate")
     strategy = getattr(model, "distribute_strategy", None)
     replicas = getattr(strategy, "num_replicas_in_sync", 1)
     if replicas > 1:  # only TensorFlow's strategies have several
         return list(strategy.extended.worker_devices), "strategy"
     available = devices_lib.available_devices()
     return [(available["GPU"] or available["CPU"])[0]], "single"
-
-
-def _local_batch(model, data):
-    """A batch drawn by `fit` as plain tensors (one strategy's parts joined).
-
-    On TensorFlow only: its iterators and strategies (`_first_step`).
-    """
-    tf = runtime.loaded_tensorflow()
-    strategy = getattr(model, "distribute_strategy", None)
-
-    def joined(value):
-        if isinstance(value, tf.distribute.DistributedValues):
-            parts = strategy.experimental_local_results(value)
-            return tf.concat(list(parts), axis=0)
-        return value
-
-    return tf.nest.map_structure(joined, data)
 
 
 def _rows(batch):
@@ -81,15 +61,17 @@ def _block(result):
     return runtime.of_backend().wait(result)
 
 
-def _tensorflow_iterator(iterator):
-    """Whether `iterator` is a `tf.data` or `tf.distribute` iterator."""
-    tf = runtime.loaded_tensorflow()
-    return tf is not None and isinstance(
-        iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
-
-
 def _median(values):
     return statistics.median(values) if values else None
+
+
+def _check_one_device(copy):
+    """Refuses a copy made under a strategy's scope (so on several devices)."""
+    strategy = getattr(copy, "distribute_strategy", None)
+    if getattr(strategy, "num_replicas_in_sync", 1) != 1:
+        raise ValueError(
+            "the copy was created under a strategy's scope, so on "
+            "several devices")
 
 
 class ScalingMonitor(keras.callbacks.Callback):
@@ -206,7 +188,7 @@ class ScalingMonitor(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._pending_batch is not None:
-            self._jax_baseline()
+            self._baseline_after_step()
 
     def on_epoch_end(self, epoch, logs=None):
         self._maybe_warn(final=False)
@@ -239,36 +221,17 @@ class ScalingMonitor(keras.callbacks.Callback):
         """The first step: keeps its batch, then measures the baseline."""
         steps = max(int(getattr(self.model, "steps_per_execution", 1) or 1), 1)
         start = time.perf_counter()
-        *state, iterator = args
-        if backends.is_jax():
-            batches = list(itertools.islice(iterator, steps))
-            if not batches:
-                raise StopIteration
-            logs = _block(original(*state, iter(batches)))
-            batch = batches[0]
-        elif _tensorflow_iterator(iterator):
-            tf = runtime.loaded_tensorflow()
-            batches = []
-            for _ in range(steps):
-                try:
-                    batches.append(_local_batch(self.model, next(iterator)))
-                except (StopIteration, tf.errors.OutOfRangeError):
-                    break
-            if not batches:
-                raise StopIteration
-            logs = original(self._same_kind(iterator, batches))
-            batch = batches[0]
-        else:
-            logs = original(iterator)
-            batch = None
+        logs, batch = runtime.of_backend().first_step(
+            original, args, steps,
+            getattr(self.model, "distribute_strategy", None))
         self._starts.append(start)
         self._ends.append(time.perf_counter())
         self._epochs.append(self._epoch)
         if batch is not None:
             self._rows = _rows(batch)
-            if backends.is_jax():
-                # During a step Keras's JAX trainer holds the weights
-                # itself: the copy is made once the step has ended.
+            if runtime.of_backend().holds_weights_in_step():
+                # The trainer holds the weights itself during the step:
+                # the copy is made once the step has ended.
                 self._pending_batch = batch
             elif self.baseline_steps and len(self._devices) > 1:
                 cost = time.perf_counter()
@@ -276,59 +239,39 @@ class ScalingMonitor(keras.callbacks.Callback):
                 self._baseline_cost = time.perf_counter() - cost
         return logs
 
-    def _same_kind(self, iterator, batches):
-        """An iterator like `fit`'s over the batches drawn from it (TensorFlow's)."""
-        tf = runtime.loaded_tensorflow()
-        dataset = tf.data.Dataset.from_tensors(batches[0])
-        for batch in batches[1:]:
-            dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
-        if isinstance(iterator, tf.distribute.DistributedIterator):
-            strategy = self.model.distribute_strategy
-            return iter(strategy.experimental_distribute_dataset(dataset))
-        return iter(dataset)
-
     def _measure_baseline(self, batch):
-        if backends.is_jax():
-            self._measure_jax_baseline(batch)
-            return
-        tf = runtime.loaded_tensorflow()  # the backend: imported
+        """Times a one-device copy of the model training on `batch`.
+
+        The copy starts from the template's weights with a fresh optimizer
+        of the model's config; the backend's runtime runs and times its
+        steps as `fit` would (`time_steps`).
+        """
         model = self.model
         template = getattr(model, "template", model)
         try:
             with runtime.of_backend().device_scope(self._devices[0]):
                 copy = keras.models.clone_model(template)
-                if copy.distribute_strategy.num_replicas_in_sync != 1:
-                    raise ValueError(
-                        "the copy was created under a strategy's scope, so on "
-                        "several devices")
+                _check_one_device(copy)
                 copy.set_weights(template.get_weights())
                 copy.compile(optimizer=fresh_optimizer(model.optimizer),
                              loss=model.loss)
-                copy.make_train_function()
-                iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-                seconds = []
-                for i in range(self.baseline_steps + 1):
-                    start = time.perf_counter()
-                    logs = copy.train_function(iterator)
-                    for value in keras.tree.flatten(logs):
-                        value.numpy()
-                    if i:
-                        seconds.append(time.perf_counter() - start)
+                seconds = runtime.of_backend().time_steps(
+                    copy, batch, self.baseline_steps)
             self._baseline_seconds = statistics.median(seconds)
         except (ValueError, TypeError, NotImplementedError) as error:
             self._no_baseline(error)
 
-    def _jax_baseline(self):
-        """Measures the baseline on JAX, after the first step ended.
+    def _baseline_after_step(self):
+        """Measures the baseline once the first step ended.
 
-        Keras's JAX trainer keeps the weights out of the model's variables
-        during `fit`; `jax_state_sync` (Keras's way for callbacks) puts
-        them back, so the copy starts from the trained weights.
+        Where the trainer keeps the weights out of the model's variables
+        during `fit` (Keras on JAX), `sync_weights` puts them back first,
+        so the copy starts from the trained weights.
         """
         batch, self._pending_batch = self._pending_batch, None
         if self.baseline_steps and len(self._devices) > 1:
             cost = time.perf_counter()
-            self.model.jax_state_sync()
+            runtime.of_backend().sync_weights(self.model)
             self._measure_baseline(batch)
             self._baseline_cost = time.perf_counter() - cost
 
@@ -337,42 +280,6 @@ class ScalingMonitor(keras.callbacks.Callback):
         self._baseline_problem = (
             f"no one-device baseline: the model could not be copied or "
             f"trained alone ({type(error).__name__}: {error})")
-
-    def _measure_jax_baseline(self, batch):
-        """`_measure_baseline` on JAX: Keras's step on the first device.
-
-        The copy trains one step by `train_on_batch` (which builds its
-        optimizer and traces the step), then `baseline_steps` timed steps
-        through its train function, as `fit` calls it on JAX.
-        """
-        model = self.model
-        template = getattr(model, "template", model)
-        try:
-            with runtime.of_backend().device_scope(self._devices[0]):
-                batch = keras.tree.map_structure(
-                    lambda a: a if a is None else np.asarray(a), batch)
-                copy = keras.models.clone_model(template)
-                copy.set_weights(template.get_weights())
-                copy.compile(optimizer=fresh_optimizer(model.optimizer),
-                             loss=model.loss)
-                x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
-                copy.train_on_batch(x, y, sample_weight=weights)
-                # As `train_on_batch` gave it: the step traced there runs.
-                batch = (x, y, weights)
-                state = tuple(
-                    [v.value for v in variables] for variables in (
-                        copy.trainable_variables,
-                        copy.non_trainable_variables,
-                        copy.optimizer.variables, copy.metrics_variables))
-                seconds = []
-                for i in range(self.baseline_steps + 1):
-                    start = time.perf_counter()
-                    _, state = _block(copy.train_function(state, iter([batch])))
-                    if i:
-                        seconds.append(time.perf_counter() - start)
-            self._baseline_seconds = statistics.median(seconds)
-        except (ValueError, TypeError, NotImplementedError) as error:
-            self._no_baseline(error)
 
     def _measured(self):
         """Step and period seconds of the steps after the warm-up."""
@@ -392,7 +299,7 @@ class ScalingMonitor(keras.callbacks.Callback):
         n = len(devices)
         if n < 2:
             return 0.0
-        if not backends.is_jax() and all(":CPU:" in d.upper() for d in devices):
+        if runtime.of_backend().communication_free(devices):
             return 0.0
         if self.link is None or not step_seconds:
             return None
@@ -433,9 +340,7 @@ class ScalingMonitor(keras.callbacks.Callback):
                 "no throughput yet (the first steps are warm-up).")
         communication = self._communication(step)
         if communication is None:
-            where = ("Communication (XLA's all-reduces) runs inside the "
-                     "compiled step" if backends.is_jax() else
-                     "Communication runs inside the compiled step on GPUs")
+            where = runtime.of_backend().where_communication_runs()
             notes.append(
                 f"{where} and is "
                 "not measured; give link to estimate it from the bytes moved.")

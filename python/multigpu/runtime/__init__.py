@@ -2,7 +2,9 @@
 
 `multigpu.runtime.tensorflow` and `multigpu.runtime.jax` answer the same
 questions (which devices there are, how one device is split into several,
-which devices a variable's value lives on) each for its backend;
+which devices a variable's value lives on, how to wait for a step's
+results, how the processes of a job agree) each for its backend, with
+functions of the same names and arguments;
 `of_backend()` gives the one for the backend Keras runs on. The rest of
 the package asks that module instead of branching on the backend, and the
 JAX one imports no TensorFlow, so that Keras on JAX runs without it.

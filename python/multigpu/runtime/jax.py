@@ -2,11 +2,18 @@
 
 The counterpart of `multigpu.runtime.tensorflow`, function for function:
 devices listed and split, device scopes, a variable's parts, the bytes of
-a traced forward pass, a GPU's memory. `multigpu.runtime.of_backend()`
-chooses between them.
+a traced forward pass, a GPU's memory, waiting for a step's results, how
+a step is run and timed for `ScalingMonitor`, where communication runs,
+whether a trial pass is the default, how processes agree.
+`multigpu.runtime.of_backend()` chooses between them. Also what only
+JAX's runtime has: whether this process joined others (`is_joined`).
 """
 
+import itertools
+import time
+
 import jax
+import keras
 import numpy as np
 
 from multigpu.messages import api, literal, setting
@@ -246,3 +253,192 @@ def wait(result):
     """
     jax.block_until_ready(result)
     return result
+
+
+def is_joined():
+    """Whether this process trains together with others (`jax.process_count() > 1`).
+
+    The one test of it, for the JAX engine's mesh and for the agreement of
+    the job's processes (`process_agreement`).
+
+    Example:
+    >>> is_joined()   # a process that trains alone
+    False
+    """
+    return jax.process_count() > 1
+
+
+def any_process(flag):
+    """Whether `flag` is true in any process of the job.
+
+    One gather of a number across the processes; every process must call
+    it, and none returns before all have.
+
+    Args:
+        flag: This process's bool.
+
+    Returns:
+        A bool, the same in every process.
+
+    Example:
+    >>> stop = any_process(signal_arrived)
+    """
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.int32(bool(flag)))
+    return bool(np.asarray(flags).any())
+
+
+def process_agreement():
+    """How the processes JAX joined agree on a flag, or None when alone.
+
+    Returns:
+        `any_process` when this process trains together with others
+        (`is_joined`), else None.
+
+    Example:
+    >>> agree = process_agreement()
+    >>> stop = agree(caught) if agree else caught
+    """
+    return any_process if is_joined() else None
+
+
+def first_step(step, args, steps, strategy):
+    """Runs a train function's first call, keeping the batches it draws.
+
+    `ScalingMonitor` trains its one-device baseline on the first batch of
+    `fit`: the batches of one call are drawn here and the step runs on
+    them, and returns once its results are computed (`wait`).
+
+    Args:
+        step: The train function, called as `step(state, iterator)`.
+        args: The arguments `fit` called it with, the iterator last.
+        steps: The batches one call draws (`steps_per_execution`).
+        strategy: None (JAX has no `tf.distribute` strategy).
+
+    Returns:
+        `(logs, batch)`: the step's results and its first batch.
+
+    Raises:
+        StopIteration: when the iterator has no batch left.
+
+    Example:
+    >>> logs, batch = first_step(model.train_function, (state, iterator), 1,
+    ...                          None)
+    """
+    del strategy
+    *state, iterator = args
+    batches = list(itertools.islice(iterator, steps))
+    if not batches:
+        raise StopIteration
+    return wait(step(*state, iter(batches))), batches[0]
+
+
+def holds_weights_in_step():
+    """Whether Keras's trainer keeps the weights out of the model during `fit`.
+
+    Returns:
+        True: Keras's JAX trainer holds them in its own state during a
+        step, so a copy of the model is made once the step has ended, after
+        `sync_weights`.
+
+    Example:
+    >>> holds_weights_in_step()
+    True
+    """
+    return True
+
+
+def sync_weights(model):
+    """Puts the weights `fit` trains back into `model`'s variables.
+
+    Keras's JAX trainer keeps them out of the model during `fit`;
+    `jax_state_sync` is Keras's way for callbacks to read them.
+
+    Example:
+    >>> sync_weights(model)   # in a callback, after a step
+    """
+    model.jax_state_sync()
+
+
+def time_steps(copy, batch, steps):
+    """Seconds of `steps` training steps of `copy` on `batch`, after one to trace.
+
+    The copy trains one step by `train_on_batch` (which builds its
+    optimizer and traces the step), then the timed steps through its train
+    function, as `fit` calls it on JAX, each waited for (`wait`).
+
+    Args:
+        copy: A compiled Keras model on one device.
+        batch: One batch as `fit` draws it: `(x, y)` or `(x, y, weights)`.
+        steps: The timed steps, an int >= 1.
+
+    Returns:
+        A list of `steps` durations in seconds.
+
+    Example:
+    >>> time_steps(copy, (x, y), 5)
+    [0.0031, 0.0029, 0.0030, 0.0030, 0.0029]
+    """
+    batch = keras.tree.map_structure(
+        lambda a: a if a is None else np.asarray(a), batch)
+    x, y, weights = keras.utils.unpack_x_y_sample_weight(batch)
+    copy.train_on_batch(x, y, sample_weight=weights)
+    # As `train_on_batch` gave it: the step traced there runs.
+    batch = (x, y, weights)
+    state = tuple(
+        [v.value for v in variables] for variables in (
+            copy.trainable_variables, copy.non_trainable_variables,
+            copy.optimizer.variables, copy.metrics_variables))
+    seconds = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        _, state = wait(copy.train_function(state, iter([batch])))
+        if i:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def communication_free(devices):
+    """Whether a step on `devices` moves no bytes between them.
+
+    Args:
+        devices: Canonical device names.
+
+    Returns:
+        False: XLA's collectives run inside the compiled step, between CPU
+        devices too.
+
+    Example:
+    >>> communication_free(["/device:CPU:0", "/device:CPU:1"])
+    False
+    """
+    del devices
+    return False
+
+
+def where_communication_runs():
+    """Where a step's communication runs, for `ScalingMonitor`'s notes.
+
+    Example:
+    >>> where_communication_runs()
+    "Communication (XLA's all-reduces) runs inside the compiled step"
+    """
+    return "Communication (XLA's all-reduces) runs inside the compiled step"
+
+
+def trial_by_default(devices):
+    """Whether `find_batch_size` runs a trial pass when not told (`trial=None`).
+
+    Args:
+        devices: Canonical device names.
+
+    Returns:
+        False: the trial pass is TensorFlow's (`multigpu.runtime.tensorflow`).
+
+    Example:
+    >>> trial_by_default(["/device:GPU:0", "/device:GPU:1"])
+    False
+    """
+    del devices
+    return False

@@ -2,8 +2,10 @@
 
 The counterpart of `multigpu.runtime.jax`, function for function (devices
 listed and split, device scopes, a variable's parts, the bytes of a traced
-forward pass, a GPU's memory); `multigpu.runtime.of_backend()` chooses
-between them. Also what only TensorFlow's runtime has: restarting it while
+forward pass, a GPU's memory, waiting for a step's results, how a step is
+run and timed for `ScalingMonitor`, where communication runs, whether a
+trial pass is the default, how processes agree without a strategy);
+`multigpu.runtime.of_backend()` chooses between them. Also what only TensorFlow's runtime has: restarting it while
 nothing lives on its devices, the thread pools of logical CPU devices, and
 a trial pass that may run out of memory.
 """
@@ -12,6 +14,7 @@ import collections
 import dataclasses
 import gc
 import os
+import time
 import warnings
 
 import keras
@@ -369,3 +372,178 @@ def wait(result):
     >>> logs = wait(model.train_function(iterator))
     """
     return result
+
+
+def process_agreement():
+    """How the processes of a job agree on a flag without a strategy: never.
+
+    Returns:
+        None: on TensorFlow the workers agree through their
+        `MultiWorkerMirroredStrategy` (`multigpu.cluster.agreement`).
+
+    Example:
+    >>> process_agreement() is None
+    True
+    """
+    return None
+
+
+def first_step(step, args, steps, strategy):
+    """Runs a train function's first call, keeping the batches it draws.
+
+    `ScalingMonitor` trains its one-device baseline on the first batch of
+    `fit`: a `tf.data` or `tf.distribute` iterator's batches are drawn
+    here (a strategy's parts joined), and the step runs on an iterator of
+    the same kind over them. From an iterator of another kind nothing is
+    kept.
+
+    Args:
+        step: The train function, called as `step(iterator)`.
+        args: The arguments `fit` called it with, the iterator last.
+        steps: The batches one call draws (`steps_per_execution`).
+        strategy: The model's `distribute_strategy`, or None.
+
+    Returns:
+        `(logs, batch)`: the step's logs and its first batch as plain
+        tensors, or None for the batch when none was kept.
+
+    Raises:
+        StopIteration: when the iterator has no batch left.
+
+    Example:
+    >>> logs, batch = first_step(model.train_function, (iterator,), 1,
+    ...                          model.distribute_strategy)
+    """
+    iterator = args[-1]
+    if not isinstance(iterator, (tf.data.Iterator,
+                                 tf.distribute.DistributedIterator)):
+        return step(iterator), None
+    batches = []
+    for _ in range(steps):
+        try:
+            batches.append(_local_batch(strategy, next(iterator)))
+        except (StopIteration, tf.errors.OutOfRangeError):
+            break
+    if not batches:
+        raise StopIteration
+    return step(_same_kind(iterator, batches, strategy)), batches[0]
+
+
+def _local_batch(strategy, data):
+    """A batch drawn by `fit` as plain tensors (one strategy's parts joined)."""
+
+    def joined(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            parts = strategy.experimental_local_results(value)
+            return tf.concat(list(parts), axis=0)
+        return value
+
+    return tf.nest.map_structure(joined, data)
+
+
+def _same_kind(iterator, batches, strategy):
+    """An iterator like `fit`'s over the batches drawn from it."""
+    dataset = tf.data.Dataset.from_tensors(batches[0])
+    for batch in batches[1:]:
+        dataset = dataset.concatenate(tf.data.Dataset.from_tensors(batch))
+    if isinstance(iterator, tf.distribute.DistributedIterator):
+        return iter(strategy.experimental_distribute_dataset(dataset))
+    return iter(dataset)
+
+
+def holds_weights_in_step():
+    """Whether Keras's trainer keeps the weights out of the model during `fit`.
+
+    Returns:
+        False: TensorFlow's steps update the model's variables in place, so
+        a copy made inside a step starts from the current weights.
+
+    Example:
+    >>> holds_weights_in_step()
+    False
+    """
+    return False
+
+
+def sync_weights(model):
+    """Puts the weights `fit` trains back into `model`: already there.
+
+    Example:
+    >>> sync_weights(model)
+    """
+    del model
+
+
+def time_steps(copy, batch, steps):
+    """Seconds of `steps` training steps of `copy` on `batch`, after one to trace.
+
+    Each step runs `copy.train_function` as `fit` calls it, on an iterator
+    that repeats the batch, and reads its logs back (so the step ended).
+
+    Args:
+        copy: A compiled Keras model on one device.
+        batch: One batch as `fit` draws it: `(x, y)` or `(x, y, weights)`.
+        steps: The timed steps, an int >= 1.
+
+    Returns:
+        A list of `steps` durations in seconds.
+
+    Example:
+    >>> time_steps(copy, (x, y), 5)
+    [0.0031, 0.0029, 0.0030, 0.0030, 0.0029]
+    """
+    copy.make_train_function()
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    seconds = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        logs = copy.train_function(iterator)
+        for value in keras.tree.flatten(logs):
+            value.numpy()
+        if i:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def communication_free(devices):
+    """Whether a step on `devices` moves no bytes between them.
+
+    Args:
+        devices: Canonical device names.
+
+    Returns:
+        True when all are logical CPU devices, between which TensorFlow
+        passes references to one buffer.
+
+    Example:
+    >>> communication_free(["/device:CPU:0", "/device:CPU:1"])
+    True
+    """
+    return all(":CPU:" in d.upper() for d in devices)
+
+
+def where_communication_runs():
+    """Where a step's communication runs, for `ScalingMonitor`'s notes.
+
+    Example:
+    >>> where_communication_runs()
+    'Communication runs inside the compiled step on GPUs'
+    """
+    return "Communication runs inside the compiled step on GPUs"
+
+
+def trial_by_default(devices):
+    """Whether `find_batch_size` runs a trial pass when not told (`trial=None`).
+
+    Args:
+        devices: Canonical device names.
+
+    Returns:
+        True when all are GPUs: a pass there may run out of memory before
+        the estimate says so (`trial_pass`).
+
+    Example:
+    >>> trial_by_default(["/device:GPU:0", "/device:GPU:1"])
+    True
+    """
+    return all(":GPU:" in d.upper() for d in devices)

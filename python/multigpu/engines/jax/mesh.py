@@ -142,7 +142,7 @@ def put_batch(tree, mesh):
     leaves, structure = jax.tree.flatten(tree)
     shardings = [split if np.ndim(value) >= 1 and np.shape(value)[0] % count == 0
                  else whole for value in leaves]
-    if processes.is_joined():
+    if jax_runtime.is_joined():
         return jax.tree.unflatten(structure,
                                   processes.put_global(leaves, shardings))
     # One transfer call for every array of the batch.
@@ -188,7 +188,7 @@ def replicate_variables(variables, mesh):
     """
     sharding = replicated(mesh)
     variables = list(variables)
-    if processes.is_joined():
+    if jax_runtime.is_joined():
         values = processes.from_process_0([v.value for v in variables], sharding)
     else:
         values = [jax.device_put(v.value, sharding) for v in variables]

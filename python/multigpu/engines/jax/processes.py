@@ -24,6 +24,7 @@ import numpy as np
 from multigpu.cluster import readiness
 from multigpu.cluster.processes import process_group
 from multigpu.messages import literal
+from multigpu.runtime import jax as jax_runtime
 
 # Seconds a process waits for the others to join (JAX's default is 300);
 # the launcher's own start-up deadline (`--startup-timeout`) is shorter.
@@ -79,11 +80,6 @@ def join(environ=None):
     return group
 
 
-def is_joined():
-    """Whether this process trains together with others (`jax.process_count() > 1`)."""
-    return jax.process_count() > 1
-
-
 def check_devices_span_processes(devices, jax_devices):
     """Refuses a device set that leaves a process of the job without devices.
 
@@ -100,7 +96,7 @@ def check_devices_span_processes(devices, jax_devices):
     Example:
     >>> check_devices_span_processes(names, [jax_runtime.device(n) for n in names])
     """
-    if jax.process_count() < 2:
+    if not jax_runtime.is_joined():
         return
     owners = {device.process_index for device in jax_devices}
     missing = sorted(set(range(jax.process_count())) - owners)
