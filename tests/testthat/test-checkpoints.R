@@ -161,7 +161,7 @@ test_that("an Rscript job warned before its time limit requeues itself and ends 
                                      shQuote(file.path(dir, "unbroken.rds")), "0"))
   expect_identical(attr(unbroken, "status"), 0L, info = paste(unbroken, collapse = "\n"))
 
-  deadline <- Sys.time() + 600
+  deadline <- Sys.time() + 900
   repeat {
     shown <- run_command("scontrol", c("show", "job", "-o", job_id))
     state <- regmatches(shown, regexpr("JobState=[A-Z]+", shown))
@@ -169,16 +169,22 @@ test_that("an Rscript job warned before its time limit requeues itself and ends 
                                        "JobState=CANCELLED", "JobState=TIMEOUT")) break
     if (Sys.time() > deadline) {
       run_command("scancel", job_id)
-      fail(paste("job", job_id, "still running after 600 s:", paste(shown, collapse = " ")))
+      fail(paste("job", job_id, "still running after 900 s:", paste(shown, collapse = " ")))
     }
     Sys.sleep(5)
   }
   output <- paste(readLines(log), collapse = "\n")
   expect_identical(state, "JobState=COMPLETED", info = output)
-  expect_match(shown, "Restarts=1", all = FALSE)
-  expect_match(output, "caught SIGUSR1; saved the training state after batch [0-9]+ of epoch [0-9]+")
-  expect_match(output, paste0("Requeued Slurm job ", job_id, ": it runs the same script again"))
-  expect_match(output, "done, restarts: 1")
+  # The first allocation cannot finish; a loaded machine may warn the
+  # resumed one too: each warning saves once and requeues once.
+  restarts <- as.integer(sub(".*Restarts=([0-9]+).*", "\\1", paste(shown, collapse = " ")))
+  expect_gte(restarts, 1L)
+  count <- function(pattern) lengths(regmatches(output, gregexpr(pattern, output)))
+  expect_identical(count("caught SIGUSR1; saved the training state after batch [0-9]+ of epoch [0-9]+"),
+                   restarts, info = output)
+  expect_identical(count(paste0("Requeued Slurm job ", job_id, ": it runs the same script again")),
+                   restarts, info = output)
+  expect_match(output, paste("done, restarts:", restarts))
   # R ended cleanly after the save, not through an R error.
   expect_no_match(output, "SystemExit|Execution halted")
   expect_equal(readRDS(file.path(dir, "requeued.rds")), readRDS(file.path(dir, "unbroken.rds")),
