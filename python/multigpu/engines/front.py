@@ -283,6 +283,35 @@ def check_jax_arguments(cpu_merge, cpu_relocation, sync_batchnorm):
     return True
 
 
+def resolve_sync_batchnorm(value):
+    """`sync_batchnorm` checked as the running backend's engines take it.
+
+    For the callers that build an engine's model later
+    (`check_equivalence`): None becomes the backend's default, False for
+    the TensorFlow engines; on JAX, XLA's split pools BatchNormalization's
+    statistics over the whole batch: True (a False is passed on, for
+    `multi_gpu_model` to refuse with its reason).
+
+    Args:
+        value: The `sync_batchnorm` argument.
+
+    Returns:
+        True or False.
+
+    Raises:
+        ValueError: if `value` is not None or a bool.
+
+    Example:
+    >>> resolve_sync_batchnorm(None)   # on TensorFlow
+    False
+    """
+    if backends.current() == "jax":
+        return True if value is None else check_flag("sync_batchnorm", value)
+    from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
+
+    return check_sync_batchnorm(False if value is None else value)
+
+
 def _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
                sync_batchnorm):
     """`multi_gpu_model` on the JAX backend: its one engine."""

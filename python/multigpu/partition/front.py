@@ -78,21 +78,65 @@ def model_parallel(model, devices=None, split=None, microbatches=1):
     >>> partitioned.fit(x, y, batch_size=64)
     >>> partitioned.save("model.keras")   # a plain Keras model
     """
-    backends.require_backend(
+    backend = backends.require_backend(
         "model_parallel", "TensorFlow's device placement (tf.device), which "
         "puts each stage's weights and operations on its device, or JAX's "
         "sharding of the weights", backend=("tensorflow", "jax"))
     microbatches = check_int("microbatches", microbatches, 1, expected=(
         "an int >= 1 (1: no pipelining; k: each batch runs as k micro-batches "
         "that overlap across stages)"))
-    if backends.is_jax():
-        from multigpu.partition import jax_sharding
+    return PARTITIONERS[backend](model, devices, split, microbatches)
 
-        callable_graph(model)
-        check_standard_steps(model, "model_parallel")
-        jax_sharding.check_pipeline_arguments(split, microbatches)
-        return jax_sharding.model_parallel(
-            model, devices_lib.resolve_devices(devices))
+
+def in_stages(model, devices, split, microbatches):
+    """`model_parallel` on TensorFlow: the model cut into stages, one per device.
+
+    Args:
+        model: The Keras model.
+        devices: The `devices` argument, unresolved.
+        split: The `split` argument.
+        microbatches: The checked `microbatches`.
+
+    Returns:
+        A `multigpu.PartitionedModel`.
+
+    Example:
+    >>> in_stages(model, 2, None, 1).stages
+    [['dense'], ['dense_1']]
+    """
     from multigpu.partition.model_parallel import partition_model
 
     return partition_model(model, devices, split, microbatches)
+
+
+def sharded_weights(model, devices, split, microbatches):
+    """`model_parallel` on JAX: every weight split across the devices.
+
+    Args:
+        model: The Keras model.
+        devices: The `devices` argument, unresolved.
+        split: The `split` argument: None (stages are TensorFlow's).
+        microbatches: The checked `microbatches`: 1.
+
+    Returns:
+        A `jax_sharding.ShardedWeightsModel`.
+
+    Raises:
+        ValueError: for `split` or `microbatches` other than None and 1.
+
+    Example:
+    >>> sharded_weights(model, 2, None, 1).weight_table()
+    """
+    from multigpu.partition import jax_sharding
+
+    callable_graph(model)
+    check_standard_steps(model, "model_parallel")
+    jax_sharding.check_pipeline_arguments(split, microbatches)
+    return jax_sharding.model_parallel(
+        model, devices_lib.resolve_devices(devices))
+
+
+# Each backend's way of `model_parallel`, by the backend's name (the
+# backends `require_backend` lets through): one signature, so the entry
+# picks one and branches on nothing else.
+PARTITIONERS = {"tensorflow": in_stages, "jax": sharded_weights}
