@@ -27,6 +27,13 @@ def _forward():
     return forward
 
 
+def _device_pass():
+    """The TensorFlow engines' pass on a device, imported on first use (`_forward`)."""
+    from multigpu.engines.tensorflow import device_pass
+
+    return device_pass
+
+
 class StagePlan:
     """Nodes of each stage and the tensors that cross stage boundaries.
 
@@ -206,7 +213,7 @@ class Stages(TemplateLayer):
             # The outer scope also places the IdentityN that wraps the
             # custom gradient, so activations go straight on.
             with tf.name_scope(f"stage{stage}"), tf.device(device):
-                outputs = _forward().on_device(device, forward, inputs)
+                outputs = _device_pass().on_device(device, forward, inputs)
             values.update(zip(plan.exports[stage],
                               _forward().with_logits(outputs, logits_at)))
         return [values[id(x)] for x in plan.graph.outputs]

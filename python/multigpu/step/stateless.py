@@ -17,7 +17,7 @@ Three places of the forward path need the scope's help:
   micro-batch, `forward.inference_on_empty_share`) returns the values its
   branches wrote as outputs of the cond (`StepScope.cond`): tensors made
   inside a branch cannot be used outside it;
-* a function with a custom gradient (`forward.on_device`) takes the values
+* a function with a custom gradient (`device_pass.on_device`) takes the values
   of the trainable variables it read as inputs (`StepScope.reading`), so
   that the step's tape reaches them.
 

@@ -1,7 +1,7 @@
 """XLA on the TensorFlow engines: `compile(jit_compile=True)` per replica.
 
 Each replica's forward pass and its gradient are one XLA-compiled function
-on the replica's device (`forward.compiled_on`, `forward.run_pass`); the
+on the replica's device (`device_pass.compiled_on`, `device_pass.run_pass`); the
 numbers are the template's trained by plain Keras on one device with
 `jit_compile=True` too, on even and uneven batches and on a batch with
 fewer rows than devices. What XLA cannot compile runs without it, with a

@@ -38,12 +38,8 @@ from multigpu.engines.template import (
     compile_defaults,
     template_compile_arguments,
 )
-from multigpu.engines.tensorflow.forward import (
-    PassLayout,
-    flat_forward,
-    resolve_jit_compile,
-    run_pass,
-)
+from multigpu.engines.tensorflow.device_pass import resolve_jit_compile, run_pass
+from multigpu.engines.tensorflow.forward import PassLayout, flat_forward
 from multigpu.engines.tensorflow.sync_batchnorm import synchronize
 from multigpu.engines.tensorflow.trainer import TensorFlowTrainer
 from multigpu.inputs import bound_arguments
@@ -282,7 +278,7 @@ class MirroredModel(TensorFlowTrainer, TemplateBacked,
         engines' models, the template gets an optimizer of its own: this
         one's variables are mirrored. `jit_compile=True` compiles each
         replica's forward and backward pass with XLA on its device
-        (`forward.resolve_jit_compile` says when it cannot, and what
+        (`device_pass.resolve_jit_compile` says when it cannot, and what
         "auto" gives); Keras's step around them (the loss, the NaN/inf
         guard, the all-reduce and the update) is not compiled.
         `compile()` with no arguments takes the defaults of the template's
@@ -312,7 +308,7 @@ class MirroredModel(TensorFlowTrainer, TemplateBacked,
     compiles_replicas = True
 
     def resolve_jit_compile(self, value):
-        """`jit_compile=value` here (`forward.resolve_jit_compile`)."""
+        """`jit_compile=value` here (`device_pass.resolve_jit_compile`)."""
         return resolve_jit_compile(self, value)
 
     def _compiled_over(self):

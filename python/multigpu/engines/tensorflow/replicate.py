@@ -15,12 +15,11 @@ from multigpu.arguments import check_int
 from multigpu.devices import HOST_DEVICE
 from multigpu.engines.functional import batch_input_like, callable_graph
 from multigpu.engines.template import TemplateLayer, TemplateWrapper
+from multigpu.engines.tensorflow.device_pass import on_device, resolve_jit_compile
 from multigpu.engines.tensorflow.forward import (
     PassLayout,
     concat_with_logits,
     flat_forward,
-    on_device,
-    resolve_jit_compile,
     rows_weighted_loss,
     split_bounds,
 )
@@ -121,7 +120,7 @@ class DataParallelReplicas(TemplateLayer):
 
         With `xla` on, each replica's forward pass and its gradient are
         one XLA-compiled function on the replica's device
-        (`forward.compiled_on`), which takes these variables' values.
+        (`device_pass.compiled_on`), which takes these variables' values.
         """
         if not self.xla:
             return None
@@ -247,7 +246,7 @@ class ParallelModel(TensorFlowTrainer, TemplateWrapper):
     compiles_replicas = True
 
     def resolve_jit_compile(self, value):
-        """`jit_compile=value` here (`forward.resolve_jit_compile`)."""
+        """`jit_compile=value` here (`device_pass.resolve_jit_compile`)."""
         return resolve_jit_compile(self, value)
 
     def replicas_compiled(self, compiled):

@@ -41,11 +41,11 @@ from multigpu.engines.functional import (
     execution_order,
     symbolic_graph,
 )
+from multigpu.engines.tensorflow.device_pass import on_device
 from multigpu.engines.tensorflow.forward import (
     PassLayout,
     concat_with_logits,
     held_effects,
-    on_device,
     rows_weighted_loss,
     valid_rows,
 )
@@ -252,7 +252,7 @@ class GlobalBatchWalk:
 
     The template's graph is cut at its BatchNormalization nodes; each
     segment between them runs once per device on that device's share, as
-    one `forward.on_device` function (its backward pass on the device);
+    one `device_pass.on_device` function (its backward pass on the device);
     functional and Sequential models nested in it that hold
     BatchNormalization are walked the same way. A BatchNormalization node in
     training pools the shares' statistics (`pooled_moments`, added on the
@@ -384,7 +384,7 @@ def _read_later(graph, segments):
 def _segment_on_devices(nodes, later, devices, values, training, losses):
     """Runs consecutive plain nodes on each replica's share, on its device.
 
-    Each replica's part is one `forward.on_device` function, so its
+    Each replica's part is one `device_pass.on_device` function, so its
     backward pass runs on its device too (the tape would put it on one
     device). Its inputs are the tensors the nodes read from before the
     segment; its outputs those read after it (`later`), with the logits

@@ -270,7 +270,7 @@ class TensorFlowTrainer:
         """Whether XLA compiles each replica's forward and backward pass.
 
         True: each replica's pass and its gradient are one XLA-compiled
-        function on the replica's device (`forward.compiled_on`); the
+        function on the replica's device (`device_pass.compiled_on`); the
         slicing, the loss, the NaN/inf guard and the update around them are
         not compiled. Set by `compile(jit_compile=...)` or directly, as
         Keras's: True, False or "auto" (`resolve_jit_compile`).
