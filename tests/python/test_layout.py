@@ -132,14 +132,14 @@ def test_only_internals_reads_private_attributes_by_name(path):
 
 # The packages from the floor up: a module may import its own package and
 # the packages below it, never one above. The shared modules at the top of
-# `multigpu` (messages, arguments, internals, devices, variables, saving,
-# inputs) and the runtime of each backend (`multigpu.runtime`) are the
-# floor; the entry points (`multigpu` itself, `launch`, `demo`) stand above
-# everything.
+# `multigpu` (messages, arguments, internals, devices, variables, saving),
+# the data checks (`multigpu.inputs`) and the runtime of each backend
+# (`multigpu.runtime`) are the floor; the entry points (`multigpu` itself,
+# `launch`, `demo`) stand above everything.
 PACKAGE_ORDER = ["floor", "cluster", "step", "checkpoints", "distribute",
                  "engines", "partition", "placement", "insight", "entry"]
 ENTRY_MODULES = {"multigpu", "multigpu.launch", "multigpu.demo"}
-FLOOR_PACKAGES = {"runtime"}
+FLOOR_PACKAGES = {"runtime", "inputs"}
 
 
 def package_floor(module):

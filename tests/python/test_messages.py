@@ -68,7 +68,7 @@ def test_hints_about_data_read_in_each_language():
 
     def hints():
         return [str(inputs.no_batch_error("x", "fit")),
-                str(inputs._ragged_error("x")),
+                str(inputs.data._ragged_error("x")),
                 str(distributed._no_batches_error("it is empty"))]
 
     python = hints()

@@ -95,7 +95,7 @@ def _backend_refusals(tree):
 OWNERS = {
     "a fresh optimizer": (_fresh_optimizers, {"engines/compiled.py"}),
     "bound arguments of a keras.Model method": (
-        _signature_bindings, {"inputs.py"}),
+        _signature_bindings, {"inputs/calls.py"}),
     "compile arguments of a compiled model": (
         _compile_configs, {"engines/compiled.py"}),
     "a copy of a model under a strategy": (
