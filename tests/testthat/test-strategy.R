@@ -17,6 +17,7 @@ test_that("mirrored_strategy() reads devices like gpus and reuses strategies", {
   skip_if_no_multigpu()
   strategy <- mirrored_strategy()
   expect_s3_class(strategy, "tensorflow.python.distribute.mirrored_strategy.MirroredStrategy")
+  expect_s3_class(strategy, "multigpu.distribute.strategy.ExplainingMirroredStrategy")
   expect_identical(strategy$num_replicas_in_sync, 4L)
   expect_identical(mirrored_strategy(2)$num_replicas_in_sync, 2L)
   expect_identical(unlist(mirrored_strategy(c("/cpu:1", "/cpu:3"))$extended$worker_devices),

@@ -332,12 +332,14 @@ class _ExplainingScope:
         return suppressed
 
 
-class GuardedMirroredStrategy(tf.distribute.MirroredStrategy):
-    """A `tf.distribute.MirroredStrategy` with its own collective-key range.
+class ExplainingMirroredStrategy(tf.distribute.MirroredStrategy):
+    """A `tf.distribute.MirroredStrategy` that explains the mistakes made with it.
 
-    Made by `mirrored_strategy`; use that instead of the constructor. Its
-    `scope()` and `run()` explain the classic mistakes of strategy code
-    (see `explain_error`).
+    Its `scope()`, `run()` and `reduce()` re-raise the classic mistakes of
+    strategy code as a `StrategyUsageError` with the fix (see
+    `explain_error`); it has its own collective-key range, so strategies
+    over different devices train in one process. Made by
+    `mirrored_strategy`; use that instead of the constructor.
 
     Args:
         devices: Canonical device names, one replica per device.
@@ -427,7 +429,7 @@ def mirrored_strategy(devices=None, cross_device_ops=None):
             `tf.distribute.CrossDeviceOps` instance.
 
     Returns:
-        A `tf.distribute.MirroredStrategy` (subclass `GuardedMirroredStrategy`)
+        A `tf.distribute.MirroredStrategy` (subclass `ExplainingMirroredStrategy`)
         with `num_replicas_in_sync == len(resolve_devices(devices))`.
 
     Raises:
@@ -447,7 +449,7 @@ def mirrored_strategy(devices=None, cross_device_ops=None):
 
 
 def strategy_over(devices, cross_device_ops=None):
-    """The cached `GuardedMirroredStrategy` over already resolved devices.
+    """The cached `ExplainingMirroredStrategy` over already resolved devices.
 
     `mirrored_strategy` resolves its argument and calls this; the mirrored
     engine of `multi_gpu_model` calls it with the devices it resolved.
@@ -467,7 +469,7 @@ def strategy_over(devices, cross_device_ops=None):
         cached = STATE.mirrored.get(key)
         if cached is None:
             base = _KEY_BASE_START + next(STATE.key_bases) * _KEY_STRIDE
-            strategy = GuardedMirroredStrategy(
+            strategy = ExplainingMirroredStrategy(
                 list(resolved), cross_device_ops=ops, collective_key_base=base
             )
             # Keep the ops object alive so its id() is not reused.

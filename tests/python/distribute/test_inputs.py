@@ -166,7 +166,7 @@ CASES = [
     ("built under one strategy, trained under another", [None],
      _built_under_one_trained_under_another, Usage,
      r"Two tf\.distribute strategies were mixed.*"
-     r"GuardedMirroredStrategy\(devices=\["),
+     r"ExplainingMirroredStrategy\(devices=\["),
     ("an optimizer made under another strategy", [None],
      _optimizer_of_another_strategy, Usage,
      r"strategies were mixed.*optimizer was created under another"),

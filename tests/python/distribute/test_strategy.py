@@ -207,7 +207,7 @@ def test_other_errors_pass_through_unchanged():
 
 def test_a_strategy_names_its_devices_so_mixing_errors_say_which():
     strategy = multigpu.mirrored_strategy(["/cpu:2", "/cpu:3"])
-    assert repr(strategy) == ("GuardedMirroredStrategy(devices="
+    assert repr(strategy) == ("ExplainingMirroredStrategy(devices="
                               "['/device:CPU:2', '/device:CPU:3'])")
 
 
