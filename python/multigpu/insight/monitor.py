@@ -24,6 +24,7 @@ import keras
 from multigpu import arguments, messages, runtime
 from multigpu import devices as devices_lib
 from multigpu.engines.compiled import fresh_optimizer
+from multigpu.engines.copies import copy_model
 from multigpu.insight import scaling
 from multigpu.step import train_function as chain
 from multigpu.variables import variable_bytes
@@ -242,17 +243,17 @@ class ScalingMonitor(keras.callbacks.Callback):
     def _measure_baseline(self, batch):
         """Times a one-device copy of the model training on `batch`.
 
-        The copy starts from the template's weights with a fresh optimizer
-        of the model's config; the backend's runtime runs and times its
-        steps as `fit` would (`time_steps`).
+        The copy (`copies.copy_model`, the engines' maker of copies) starts
+        from the template's weights and state, with a fresh optimizer of
+        the model's config; the backend's runtime runs and times its steps
+        as `fit` would (`time_steps`).
         """
         model = self.model
         template = getattr(model, "template", model)
         try:
             with runtime.of_backend().device_scope(self._devices[0]):
-                copy = keras.models.clone_model(template)
+                copy = copy_model(template)
                 _check_one_device(copy)
-                copy.set_weights(template.get_weights())
                 copy.compile(optimizer=fresh_optimizer(model.optimizer),
                              loss=model.loss)
                 seconds = runtime.of_backend().time_steps(
