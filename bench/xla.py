@@ -4,7 +4,7 @@
 
 With `jit_compile=True` the TensorFlow engines compile each replica's
 forward pass and its gradient with XLA on the replica's device
-(`multigpu.engines.tensorflow.forward.compiled_on`); the slicing, the
+(`multigpu.engines.tensorflow.device_pass.compiled_on`); the slicing, the
 loss, the NaN/inf guard and the update around them run as without it.
 For each workload of `bench/models.py`, engine and device count,
 `bench.paired` takes training steps in turn of parallel models of the
