@@ -1,6 +1,7 @@
 """Which Keras backends multi_gpu_model serves, and the error on the others."""
 
 import keras
+import numpy as np
 import pytest
 
 import multigpu
@@ -15,14 +16,22 @@ def test_the_tests_run_on_tensorflow_and_it_is_served():
     assert set(choice_lib.BACKEND_ENGINES) == set(backends.ENGINE_BACKENDS)
 
 
-def test_torch_gets_one_error_naming_the_backends_that_work(monkeypatch):
+@pytest.mark.parametrize("call", ["multi_gpu_model", "check_equivalence",
+                                  "placement_report"])
+def test_torch_gets_one_error_naming_the_backends_that_work(monkeypatch, call):
+    # Each call finds its backend's way by name: none falls back to another
+    # backend's.
     monkeypatch.setattr(backends, "current", lambda: "torch")
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    arguments = {"multi_gpu_model": dict(gpus=2),
+                 "check_equivalence": dict(x=np.ones((4, 3)), y=np.ones((4, 2))),
+                 "placement_report": {}}[call]
     with pytest.raises(backends.UnsupportedBackendError,
-                       match=r"multi_gpu_model\(\) has no engine for the Keras "
+                       match=rf"{call}\(\) has no engine for the Keras "
                        r"backend 'torch': it runs on the backends 'tensorflow' "
                        r"and 'jax'.*KERAS_BACKEND=jax"):
-        multigpu.multi_gpu_model(model, gpus=2)
+        getattr(multigpu, call)(model, **arguments)
 
 
 def test_the_jax_engine_is_refused_on_tensorflow():

@@ -181,22 +181,16 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False,
     _check_not_parallel(model)
     callable_graph(model)
     check_standard_steps(model, "multi_gpu_model")
-    if backend == "tensorflow":
-        from multigpu.distribute import strategy as strategy_lib
-
-        strategy_lib.check_outside_strategies("multi_gpu_model", model)
     cpu_merge = check_flag("cpu_merge", cpu_merge)
     cpu_relocation = check_flag("cpu_relocation", cpu_relocation)
-    if backend == "jax":
-        return _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
-                          sync_batchnorm)
-    return _tensorflow_model(model, gpus, cpu_merge, cpu_relocation, engine,
-                             sync_batchnorm)
+    make = _MODEL_MAKERS[backend]
+    return make(model, gpus, cpu_merge, cpu_relocation, engine, sync_batchnorm)
 
 
 def _tensorflow_model(model, gpus, cpu_merge, cpu_relocation, engine,
                       sync_batchnorm):
     """`multi_gpu_model` on the TensorFlow backend: its two engines."""
+    from multigpu.distribute import strategy as strategy_lib
     from multigpu.engines.tensorflow.mirrored import MirroredModel
     from multigpu.engines.tensorflow.relocation import relocate_to_cpu
     from multigpu.engines.tensorflow.replicate import ParallelModel
@@ -205,6 +199,7 @@ def _tensorflow_model(model, gpus, cpu_merge, cpu_relocation, engine,
         walk_problem,
     )
 
+    strategy_lib.check_outside_strategies("multi_gpu_model", model)
     sync_batchnorm = check_sync_batchnorm(
         False if sync_batchnorm is None else sync_batchnorm)
     check_engine(engine, cpu_merge)
@@ -300,16 +295,24 @@ def resolve_sync_batchnorm(value):
 
     Raises:
         ValueError: if `value` is not None or a bool.
+        UnsupportedBackendError: on a backend no engine serves (PyTorch).
 
     Example:
     >>> resolve_sync_batchnorm(None)   # on TensorFlow
     False
     """
-    if backends.current() == "jax":
-        return True if value is None else check_flag("sync_batchnorm", value)
+    backend = backends.check_supported("check_equivalence")
+    return _SYNC_BATCHNORM_RESOLVERS[backend](value)
+
+
+def _tensorflow_sync_batchnorm(value):
     from multigpu.engines.tensorflow.sync_batchnorm import check_sync_batchnorm
 
     return check_sync_batchnorm(False if value is None else value)
+
+
+def _jax_sync_batchnorm(value):
+    return True if value is None else check_flag("sync_batchnorm", value)
 
 
 def _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
@@ -323,3 +326,10 @@ def _jax_model(model, gpus, cpu_merge, cpu_relocation, engine,
     parallel = ShardedModel(model, devices)
     parallel.engine_reason = choice.engine_reason
     return parallel
+
+
+# Each backend's makers, by the name `backends.check_supported` returns: a
+# backend is served by adding its entry here, none is the default.
+_MODEL_MAKERS = {"tensorflow": _tensorflow_model, "jax": _jax_model}
+_SYNC_BATCHNORM_RESOLVERS = {"tensorflow": _tensorflow_sync_batchnorm,
+                             "jax": _jax_sync_batchnorm}

@@ -93,6 +93,8 @@ def placement_report(model, x=None, y=None, print_table=True):
         TypeError: if `model` is not a `keras.Model`.
         ValueError: for `y` without `x`, `y` with an uncompiled model, or a
             non-bool `print_table`.
+        UnsupportedBackendError: on a backend other than TensorFlow and
+            JAX (PyTorch).
         RuntimeError: if the step ran eagerly, so no graph was observed
             (TensorFlow), or the compiled step's partitions have no known
             devices (JAX).
@@ -106,10 +108,8 @@ def placement_report(model, x=None, y=None, print_table=True):
     []
     """
     check_report_args(model, x, y, print_table)
-    if backends.is_jax():
-        report = jax_report(model, x, y)
-    else:
-        report = tensorflow_report(model, x, y)
+    make_report = _REPORT_MAKERS[backends.check_supported("placement_report")]
+    report = make_report(model, x, y)
     if print_table:
         print(report.table())
     return report
@@ -285,3 +285,8 @@ def jax_rows_report(model, weights, compiled, notes):
              "devices": len(running)} for c in compiled["collectives"]],
         batch_rows=None if compiled is None else compiled["batch_rows"],
     )
+
+
+# Each backend's way to observe a step, by the name `backends.check_supported`
+# returns.
+_REPORT_MAKERS = {"tensorflow": tensorflow_report, "jax": jax_report}
