@@ -483,3 +483,55 @@ def test_tensorflow_paths_finds_a_chain_through_the_package():
 def test_the_tensorflow_engines_import_tensorflow():
     # The check above reads imports that exist: it finds the TensorFlow ones.
     assert _imports_tensorflow(PACKAGE / "engines" / "tensorflow" / "replicate.py")
+
+
+# Where the code may ask which backend runs and branch on the answer: the
+# backend module, the one place that picks the backend's runtime module,
+# the package's front (its TensorFlow-only names; JAX's processes join at
+# import, before JAX's first computation) and what only TensorFlow does.
+# Everywhere else a backend's way is found by its name in a table
+# (`_MODEL_MAKERS[backend]`), or asked of `multigpu.runtime`.
+MAY_BRANCH_ON_THE_BACKEND = ("backends.py", "runtime/__init__.py",
+                             "__init__.py", *INTERNALS)
+BACKEND_QUESTIONS = ("is_jax", "is_tensorflow", "current", "backend")
+
+
+def backend_branches(source):
+    """Lines of `source` that test which backend runs (`if is_jax()`, ==)."""
+    def asks(node):
+        return (isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None))
+                in BACKEND_QUESTIONS)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(
+                asks(side) for side in [node.left, *node.comparators]):
+            found.append(node.lineno)
+        elif isinstance(node, (ast.If, ast.IfExp)) and asks(node.test):
+            found.append(node.lineno)
+    return found
+
+
+def test_backend_branches_finds_tests_and_comparisons():
+    source = ("if backends.is_jax():\n    pass\n"
+              "x = 1 if keras.backend.backend() == 'jax' else 2\n"
+              "y = TABLE[backends.current()]\n")
+    assert backend_branches(source) == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULE_FILES
+     if "engines/tensorflow" not in p.as_posix()
+     and p.relative_to(PACKAGE).as_posix() not in MAY_BRANCH_ON_THE_BACKEND],
+    ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_no_module_branches_on_the_backend(path):
+    assert backend_branches(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", MODULE_FILES,
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_no_module_is_over_600_lines(path):
+    # One concept a module: past 600 lines a module has held two so far.
+    assert len(path.read_text().splitlines()) <= 600

@@ -82,19 +82,32 @@ def _strategy_scope():
             "fit()")
 
 
-def _advice():
-    """What runs a model's own steps on every device, on this backend."""
-    if keras.backend.backend() == "jax":
-        prefix = "keras$distribution$" if current_language() == "r" else (
-            "keras.distribution.")
-        call = f"`{prefix}set_distribution({prefix}DataParallel())`"
-        return (f"Set Keras's distribution before building the model "
-                f"instead ({call}) and train it with its own fit(): Keras "
-                "then runs the model's own steps on every device (each "
-                "batch's rows must divide evenly between the devices).")
+def _jax_advice():
+    """What runs a model's own steps on every device, on JAX."""
+    prefix = "keras$distribution$" if current_language() == "r" else (
+        "keras.distribution.")
+    call = f"`{prefix}set_distribution({prefix}DataParallel())`"
+    return (f"Set Keras's distribution before building the model "
+            f"instead ({call}) and train it with its own fit(): Keras "
+            "then runs the model's own steps on every device (each "
+            "batch's rows must divide evenly between the devices).")
+
+
+def _tensorflow_advice():
+    """What runs a model's own steps on every device, on TensorFlow."""
     return ("Build and compile the model in a mirrored strategy's scope "
             f"instead ({_strategy_scope()}): Keras then runs the model's "
             "own steps on every device.")
+
+
+# What to advise, by the backend that runs (the callers have refused the
+# others with `backends.check_supported`).
+_ADVICE = {"tensorflow": _tensorflow_advice, "jax": _jax_advice}
+
+
+def _advice():
+    """What runs a model's own steps on every device, on this backend."""
+    return _ADVICE[keras.backend.backend()]()
 
 
 def check_standard_steps(model, call):
