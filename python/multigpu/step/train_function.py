@@ -257,6 +257,27 @@ def base(model):
     return current.base if isinstance(current, Chain) else current
 
 
+def rebase(model, function):
+    """Puts `function` below the links of `model`'s train function.
+
+    For an engine whose step needs more than the function Keras made (the
+    JAX engine's: each batch placed on the devices first): it hands its
+    own version of Keras's function here, and the links the model has wrap
+    it as they wrapped the one it replaces.
+
+    Args:
+        model: A `keras.Model`.
+        function: The train function the model's links wrap from now on.
+
+    Example:
+    >>> keras.Model.make_train_function(model)
+    >>> train_function.rebase(model, placed(train_function.base(model)))
+    """
+    current = model.train_function
+    links = current.links if isinstance(current, Chain) else {}
+    _set(model, _chained(model, function, links, []))
+
+
 def discard(model):
     """Drops `model`'s train function and its links.
 

@@ -27,6 +27,7 @@ from multigpu.engines.template import (
     compile_template_alike,
 )
 from multigpu.messages import literal, setting
+from multigpu.step import train_function as train_function_lib
 
 
 @keras.saving.register_keras_serializable(package="multigpu")
@@ -155,25 +156,41 @@ class ShardedModel(guard.HostGuarded, TemplateWrapper):
     # where it divides) and the state whole on every device.
 
     def make_train_function(self, force=False):
-        return self._fed("train_function", keras.Model.make_train_function,
-                         force, self._checked)
+        # Below the links of the chain, which alone assigns it; a forced
+        # remake keeps them.
+        with train_function_lib.keeping_links(self):
+            made = _newly_made(self, "train_function",
+                               keras.Model.make_train_function, force)
+            if made is not None:
+                train_function_lib.rebase(
+                    self, _fed(made, self.mesh, self._checked))
+        return self.train_function
 
     def make_test_function(self, force=False):
-        return self._fed("test_function", keras.Model.make_test_function, force)
+        made = _newly_made(self, "test_function",
+                           keras.Model.make_test_function, force)
+        if made is not None:
+            self.test_function = _fed(made, self.mesh)
+        return self.test_function
 
     def make_predict_function(self, force=False):
-        return self._fed("predict_function", keras.Model.make_predict_function,
-                         force)
+        made = _newly_made(self, "predict_function",
+                           keras.Model.make_predict_function, force)
+        if made is not None:
+            self.predict_function = _fed(made, self.mesh)
+        return self.predict_function
 
-    def _fed(self, attribute, make, force, checked=None):
-        """Keras's step function `attribute`, fed batches on every device."""
-        before = getattr(self, attribute)
-        make(self, force)
-        function = getattr(self, attribute)
-        if function is not None and function is not before:
-            function = _fed(function, self.mesh, checked)
-            setattr(self, attribute, function)
-        return function
+
+def _newly_made(model, attribute, make, force):
+    """The step function Keras's `make` made for `attribute`, or None.
+
+    None when `make` kept the function the model had (already made, and not
+    `force`d), which is then fed already.
+    """
+    before = getattr(model, attribute)
+    make(model, force)
+    function = getattr(model, attribute)
+    return None if function is None or function is before else function
 
 
 def _fed(function, mesh, checked=None):
