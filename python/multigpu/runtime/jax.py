@@ -10,14 +10,13 @@ JAX's runtime has: whether this process joined others (`is_joined`).
 """
 
 import itertools
-import time
 
 import jax
 import keras
 import numpy as np
 
 from multigpu.messages import api, literal, setting
-from multigpu.runtime.common import warn_if_oversubscribed
+from multigpu.runtime.common import time_calls, warn_if_oversubscribed
 
 
 def logical_devices(device_type):
@@ -390,13 +389,12 @@ def time_steps(copy, batch, steps):
         [v.value for v in variables] for variables in (
             copy.trainable_variables, copy.non_trainable_variables,
             copy.optimizer.variables, copy.metrics_variables))
-    seconds = []
-    for i in range(steps + 1):
-        start = time.perf_counter()
+
+    def step():
+        nonlocal state
         _, state = wait(copy.train_function(state, iter([batch])))
-        if i:
-            seconds.append(time.perf_counter() - start)
-    return seconds
+
+    return time_calls(step, steps)
 
 
 def communication_free(devices):

@@ -14,7 +14,6 @@ import collections
 import dataclasses
 import gc
 import os
-import time
 import warnings
 
 import keras
@@ -23,7 +22,11 @@ import tensorflow as tf
 
 from multigpu import tensorflow_internals
 from multigpu.messages import api, current_language, literal
-from multigpu.runtime.common import usable_cores, warn_if_oversubscribed
+from multigpu.runtime.common import (
+    time_calls,
+    usable_cores,
+    warn_if_oversubscribed,
+)
 
 
 @dataclasses.dataclass
@@ -494,15 +497,12 @@ def time_steps(copy, batch, steps):
     """
     copy.make_train_function()
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-    seconds = []
-    for i in range(steps + 1):
-        start = time.perf_counter()
-        logs = copy.train_function(iterator)
-        for value in keras.tree.flatten(logs):
+
+    def step():
+        for value in keras.tree.flatten(copy.train_function(iterator)):
             value.numpy()
-        if i:
-            seconds.append(time.perf_counter() - start)
-    return seconds
+
+    return time_calls(step, steps)
 
 
 def communication_free(devices):
