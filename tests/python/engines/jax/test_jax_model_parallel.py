@@ -183,9 +183,8 @@ def test_save_writes_a_plain_model_that_predicts_the_same(trained, tmp_path):
                     trained["parallel"]["after"]) <= TOLERANCE
 
 
+@pytest.mark.parametrize("trained", ["mlp"], indirect=True)
 def test_a_plain_model_beside_it_trains_on_one_device(trained):
-    if trained["name"] != "mlp":
-        pytest.skip("once is enough")
     assert keras.distribution.distribution() is None
     plain = _mlp()
     plain.compile(optimizer="sgd", loss="mse")
