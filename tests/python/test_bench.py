@@ -494,14 +494,14 @@ def test_every_multigpu_name_the_benchmarks_use_exists():
     for path in sorted((REPO / "bench").glob("*.py")):
         for module, name, attribute in _multigpu_names_used(path):
             owner = importlib.import_module(module)
-            if not hasattr(owner, name):
+            if hasattr(owner, name):
+                value = getattr(owner, name)
+            else:  # a submodule not imported by its package
                 try:
-                    importlib.import_module(f"{module}.{name}")
+                    value = importlib.import_module(f"{module}.{name}")
                 except ModuleNotFoundError:
                     missing.append(f"{path.name}: {module}.{name}")
                     continue
-            value = getattr(owner, name, None) or importlib.import_module(
-                f"{module}.{name}")
             if attribute is not None and not hasattr(value, attribute):
                 missing.append(f"{path.name}: {module}.{name}.{attribute}")
     assert missing == []
