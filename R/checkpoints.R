@@ -65,7 +65,9 @@ make_or_restore_model <- function(checkpoint_dir, build_fn) {
 #' job submitted with `--requeue` requeues itself (`scontrol requeue`), and
 #' R exits with status 75 and a message saying how training resumes. The
 #' requeued job runs the same script, which resumes at that batch; see the
-#' cluster guide for the `#SBATCH` lines.
+#' cluster guide for the `#SBATCH` lines. A warning that arrives after
+#' `fit()` has returned is reported and ends nothing: the script goes on
+#' (to save the final model, say) until the job's time limit.
 #'
 #' @param checkpoint_dir Directory for the checkpoints, created if missing
 #'   (`~` is expanded); it must be writable.

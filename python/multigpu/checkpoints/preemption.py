@@ -26,6 +26,9 @@ from multigpu.messages import literal
 PREEMPTED_EXIT_STATUS = 75
 DEFAULT_SIGNAL = "SIGUSR1"
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+# Signals that mean only "time is short": after training, their default
+# action (ending the process) would cut off the script's own last steps.
+_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
 _SCONTROL_TIMEOUT = 30
 
 
@@ -81,8 +84,15 @@ class PreemptionWatch:
     `start` installs a handler that only records the signal (Python runs it
     between two batches, never inside a step); `stop` puts the previous
     handler back. A signal that arrives between `start` and the first
-    batch is kept for it, so a job warned while it starts up still saves. A process can only install handlers from its main
-    thread: elsewhere `start` warns and watches nothing.
+    batch is kept for it, so a job warned while it starts up still saves.
+
+    When the previous handler was the default action (or one Python cannot
+    put back, such as R's), `stop` leaves `SIGUSR1` and `SIGUSR2` to
+    `late_warning` instead: a warning that arrives after training, while
+    the script saves its final model, is reported and does not end the
+    process; the scheduler still ends the job at its time limit. A process
+    can only install handlers from its main thread: elsewhere `start` warns
+    and watches nothing.
 
     Args:
         signum: The `signal.Signals` to watch, or None (watch nothing).
@@ -122,12 +132,34 @@ class PreemptionWatch:
             return
         # None: the previous handler was not installed from Python (R's
         # own, for one); the default action is the nearest Python can set.
-        signal.signal(self.signum, self._previous
-                      if self._previous is not None else signal.SIG_DFL)
+        previous = self._previous
+        if previous in (None, signal.SIG_DFL):
+            previous = (late_warning if self.signum in _WARNINGS
+                        else signal.SIG_DFL)
+        signal.signal(self.signum, previous)
         self._installed = False
 
     def _record(self, signum, frame):
         self.caught = True
+
+
+def late_warning(signum, frame):
+    """The handler of a warning signal that arrives after training ended.
+
+    Says so on standard error (with `os.write`: a handler may interrupt a
+    `print` to the same stream) and lets the script go on.
+
+    Args:
+        signum: The signal's number.
+        frame: The interrupted frame (unused).
+
+    Example:
+    >>> signal.signal(signal.SIGUSR1, late_warning)
+    """
+    name = signal.Signals(signum).name
+    os.write(2, (f"checkpoint_callbacks: caught {name} after training "
+                 "ended; nothing is left to save, and the script goes on "
+                 "until the job's time limit.\n").encode())
 
 
 def slurm_job_id(environ=None):

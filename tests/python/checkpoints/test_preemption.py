@@ -70,6 +70,42 @@ def test_the_watch_records_the_signal_and_puts_the_old_handler_back():
         signal.signal(signal.SIGUSR1, old)
 
 
+def test_a_warning_after_training_is_reported_and_ends_nothing(capfd):
+    # The default action of SIGUSR1 ends the process: a job warned while
+    # its script saves the final model would lose it.
+    old = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        watch = preemption.PreemptionWatch(signal.SIGUSR1)
+        watch.start()
+        watch.stop()
+        assert signal.getsignal(signal.SIGUSR1) is preemption.late_warning
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert not watch.caught
+        assert capfd.readouterr().err == (
+            "checkpoint_callbacks: caught SIGUSR1 after training ended; "
+            "nothing is left to save, and the script goes on until the "
+            "job's time limit.\n")
+        # The next training watches again, and puts the same handler back.
+        watch.start()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert watch.caught
+        watch.stop()
+        assert signal.getsignal(signal.SIGUSR1) is preemption.late_warning
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_signal_that_ends_jobs_gets_its_default_action_back():
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        watch = preemption.PreemptionWatch(signal.SIGTERM)
+        watch.start()
+        watch.stop()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _scontrol(show, requeue_code=0):
     """A stand-in for subprocess.run that answers as scontrol would."""
     calls = []
