@@ -84,15 +84,15 @@ class PreemptionWatch:
     `start` installs a handler that only records the signal (Python runs it
     between two batches, never inside a step); `stop` puts the previous
     handler back. A signal that arrives between `start` and the first
-    batch is kept for it, so a job warned while it starts up still saves.
+    batch is kept for it, so a job warned while it starts up still saves. A
+    process can only install handlers from its main thread: elsewhere
+    `start` warns and watches nothing.
 
     When the previous handler was the default action (or one Python cannot
     put back, such as R's), `stop` leaves `SIGUSR1` and `SIGUSR2` to
     `late_warning` instead: a warning that arrives after training, while
     the script saves its final model, is reported and does not end the
-    process; the scheduler still ends the job at its time limit. A process
-    can only install handlers from its main thread: elsewhere `start` warns
-    and watches nothing.
+    process; the scheduler still ends the job at its time limit.
 
     Args:
         signum: The `signal.Signals` to watch, or None (watch nothing).
@@ -131,7 +131,9 @@ class PreemptionWatch:
         if not self._installed:
             return
         # None: the previous handler was not installed from Python (R's
-        # own, for one); the default action is the nearest Python can set.
+        # own, for one), and cannot be put back. In its place, and in the
+        # default action's, a warning signal gets `late_warning`; any other
+        # signal its default action.
         previous = self._previous
         if previous in (None, signal.SIG_DFL):
             previous = (late_warning if self.signum in _WARNINGS

@@ -5,6 +5,7 @@ path with SIGUSR1 and resumes it exactly, and `cluster/test_slurm_requeue.py`
 lets a real Slurm job hit its time limit, requeue itself and finish.
 """
 
+import contextlib
 import os
 import signal
 import types
@@ -47,12 +48,21 @@ def test_a_value_of_another_type_is_a_type_error(value):
         preemption.check_preemption_signal(value)
 
 
+@contextlib.contextmanager
+def _handled_by(signum, handler):
+    """Installs `handler` for `signum`, then puts back the one it replaced."""
+    old = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, old)
+
+
 def test_the_watch_records_the_signal_and_puts_the_old_handler_back():
     def before(signum, frame):
         raise AssertionError("the old handler ran while watched")
 
-    old = signal.signal(signal.SIGUSR1, before)
-    try:
+    with _handled_by(signal.SIGUSR1, before):
         watch = preemption.PreemptionWatch(signal.SIGUSR1)
         watch.start()
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -66,15 +76,12 @@ def test_the_watch_records_the_signal_and_puts_the_old_handler_back():
         watch.start()
         assert not watch.caught
         watch.stop()
-    finally:
-        signal.signal(signal.SIGUSR1, old)
 
 
 def test_a_warning_after_training_is_reported_and_ends_nothing(capfd):
     # The default action of SIGUSR1 ends the process: a job warned while
     # its script saves the final model would lose it.
-    old = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-    try:
+    with _handled_by(signal.SIGUSR1, signal.SIG_DFL):
         watch = preemption.PreemptionWatch(signal.SIGUSR1)
         watch.start()
         watch.stop()
@@ -91,19 +98,14 @@ def test_a_warning_after_training_is_reported_and_ends_nothing(capfd):
         assert watch.caught
         watch.stop()
         assert signal.getsignal(signal.SIGUSR1) is preemption.late_warning
-    finally:
-        signal.signal(signal.SIGUSR1, old)
 
 
 def test_a_signal_that_ends_jobs_gets_its_default_action_back():
-    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
+    with _handled_by(signal.SIGTERM, signal.SIG_DFL):
         watch = preemption.PreemptionWatch(signal.SIGTERM)
         watch.start()
         watch.stop()
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _scontrol(show, requeue_code=0):
