@@ -47,8 +47,14 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 START = @echo "== make $@: started $$(date +%T)"
 END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
+# The suite's tier (docs/ci.md): `gate`, what `make test` and CI run, or
+# `full`, every test (`make test-full`). Every step reads it from
+# MULTIGPU_TEST_TIER: pytest (tests/python/support/tiers.py), testthat
+# (tests/testthat/helper-tiers.R), the docs' R examples.
+TIER ?= gate
+export MULTIGPU_TEST_TIER := $(TIER)
 
-.PHONY: demo test setup setup-debs setup-python setup-r lint test-python \
+.PHONY: demo test test-full setup setup-debs setup-python setup-r lint test-python \
 	test-python-jax r-tarball test-r test-r-install test-r-check test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
@@ -117,6 +123,11 @@ test: setup lint
 	  "$(BESIDE_NICE) test-r-zero-setup" \
 	  "$(BESIDE_NICE) bench-quick" \
 	  "$(BESIDE_NICE) test-r-install"
+
+# Every test there is: the same steps as `make test`, in the full tier (the
+# zoos' whole products, the soaks, every SIGKILL point and Slurm case).
+test-full:
+	$(MAKE) --no-print-directory test TIER=full
 
 # ruff, configured in pyproject.toml, over the core, the tests and the
 # benchmarks.

@@ -17,8 +17,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# Fixtures every folder's tests use: `slurm` (a working local Slurm).
-pytest_plugins = ("support.slurm",)
+# Fixtures every folder's tests use: `slurm` (a working local Slurm); the
+# suite's tiers (`make test` runs the gate, `make test-full` everything).
+pytest_plugins = ("support.slurm", "support.tiers")
 
 
 @pytest.fixture(autouse=True)

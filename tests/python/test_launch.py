@@ -55,6 +55,9 @@ def test_a_dead_worker_stops_the_run_fast_with_its_name_and_code(capfd):
     assert running("mw_crash.py") == []
 
 
+# A deadline that runs out: the full tier's (the gate sees dead and
+# stopped workers named, below and above).
+@pytest.mark.full
 def test_a_worker_that_never_joins_is_killed_at_the_startup_deadline():
     start = time.monotonic()
     result = subprocess.run(

@@ -79,7 +79,11 @@ def _scenario(tmp_path, path, save_freq, plan):
 
 
 # One test per training path, so that parallel test workers share them out.
-@pytest.mark.parametrize("path", PATHS)
+# Every SIGKILL point on every path is the full tier's; the gate kills the
+# first path (and test_checkpoints.py kills a run mid-epoch).
+@pytest.mark.parametrize("path", [
+    pytest.param(path, marks=() if i == 0 else pytest.mark.full)
+    for i, path in enumerate(PATHS)])
 def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path, path):
     rng = np.random.default_rng([SEED, PATHS.index(path)])
     plans = {freq: _kill_plan(rng, freq) for freq in FREQUENCIES}

@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from support.slurm import python_path_env
 from support.worker_scripts import one_process_reference, running, script
@@ -96,6 +97,12 @@ def _train_until_killed(command, kill_at_epoch):
             step.wait()
 
 
+# The full tier's Slurm cases (make test-full): a killed task, and a job
+# requeued by its time-limit warning (about 3 min of waiting on Slurm's
+# clock). The gate runs an srun step here and one on JAX
+# (engines/jax/test_jax_processes.py); the warning's handling is unit-tested
+# in checkpoints/test_preemption.py.
+@pytest.mark.full
 def test_killing_one_task_ends_the_step_and_resubmitting_resumes(
         slurm, tmp_path):
     checkpoints = tmp_path / "checkpoints"
@@ -184,6 +191,7 @@ def _unbroken(tmp_path, path, backend):
     return np.load(tmp_path / f"unbroken-{path}.npz")
 
 
+@pytest.mark.full
 def test_a_job_warned_before_its_time_limit_requeues_itself_and_ends_on_unbroken_weights(
         slurm, tmp_path):
     # Two tasks of an srun step, each warned: `--signal=USR1@60`.

@@ -122,6 +122,9 @@ def test_two_workers_train_like_one_process_on_the_same_global_batches(
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+# A worker killed, and a warned launcher: process faults in depth, the full
+# tier's (the gate trains two workers like one process, above).
+@pytest.mark.full
 def test_multi_worker_checkpoints_finish_and_resume_after_a_worker_dies(
         tmp_path, capfd):
     """The chief writes the checkpoints; a killed run resumes from them."""
@@ -147,6 +150,7 @@ def test_multi_worker_checkpoints_finish_and_resume_after_a_worker_dies(
     assert not [n for n in os.listdir(ckpt) if n.startswith(".tmp")]
 
 
+@pytest.mark.full
 def test_a_warning_to_the_launcher_stops_every_worker_after_the_same_batch(tmp_path):
     """SIGUSR1 to the launcher (Slurm's warning to a batch shell that exec'd
     it) reaches both workers: they stop after the same batch, the chief

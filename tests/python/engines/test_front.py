@@ -22,6 +22,10 @@ from support.models import (
     model_with_r_layer,
 )
 
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = pytest.mark.zoo(axes=("engine",), scope="module")
+
 
 def test_default_engine_is_auto():
     default = inspect.signature(multigpu.multi_gpu_model).parameters["engine"]

@@ -18,6 +18,10 @@ import multigpu
 from multigpu.engines.tensorflow.forward import rows_weighted_loss, split_bounds
 from support.models import copy_of, data, max_weight_difference
 
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = pytest.mark.zoo(axes=("engine",), scope="module")
+
 ENGINES = ["replicate", "mirrored"]
 # Two devices make every split these tests need; each more one is another
 # replica to trace. (rows, batch_size): batches of 8 (4 per device), 9 rows

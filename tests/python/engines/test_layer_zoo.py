@@ -363,6 +363,7 @@ def _alone(name):
     return predictions, reference.get_weights(), history
 
 
+@pytest.mark.zoo(axes=("engine",))
 @pytest.mark.parametrize(("name", "engine"), _cases())
 def test_a_layer_family_trains_as_on_one_device(name, engine):
     _, data, loss, deterministic = FAMILIES[name]

@@ -19,6 +19,10 @@ import multigpu
 from multigpu.engines import front as engines
 from support.models import copy_of
 
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = pytest.mark.zoo(axes=("engine",), scope="module")
+
 # (cross-entropy, output activation); each trains under both spellings.
 CROSS_ENTROPIES = (
     ("categorical_crossentropy", "softmax",

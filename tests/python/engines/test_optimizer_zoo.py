@@ -31,6 +31,7 @@ def _alone(name):
     return zoo.train_alone(name)
 
 
+@pytest.mark.zoo(axes=("engine",))
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("name", list(zoo.CASES))
 def test_an_optimizer_trains_as_on_one_device(name, engine):

@@ -13,6 +13,10 @@ import pytest
 import multigpu
 from support.models import copy_of
 
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = pytest.mark.zoo(axes=("engine",), scope="module")
+
 ENGINES = {
     "replicate": lambda t: multigpu.multi_gpu_model(t, gpus=2,
                                                     engine="replicate"),

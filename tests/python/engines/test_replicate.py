@@ -9,7 +9,10 @@ import multigpu
 from multigpu.engines.tensorflow.forward import split_bounds
 from support.models import copy_of, data, images, max_weight_difference, mlp, pooled_cnn
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 TOLERANCE = 1e-5
 

@@ -8,8 +8,10 @@ file loads with stock `keras.models.load_model` (compiled, for `.h5`) and
 predicts the same. `hypothesis` searches the batch sizes (0 to 3x the
 devices plus one) and `model_parallel`'s split points.
 
-CI runs every (model, engine) pair on one device count (2, 3 and 4 in turn);
-`pytest -m slow` runs the rest of the cross product.
+Both are zoos (`support/tiers.py`): the gate runs each model on one engine
+and device count, in turn along the product, so that every engine and every
+count is met; the full tier runs the whole product. MobileNet's training
+(65 s a case) runs only with `pytest -m slow`.
 """
 
 import itertools
@@ -30,26 +32,9 @@ DEVICE_COUNTS = (2, 3, 4)
 TOL = 1e-5
 # float16 matmuls summed over sub-batches in another order.
 TOLERANCES = {"mixed_float16": 2e-3}
-# What CI runs of each model: every engine, every device count, each
-# model on the engine its shape stresses most; the mirrored engine, the
-# slowest to trace, once here (test_mirrored.py and test_replicate.py check it
-# on the MLP, siamese, subclassed and Embedding models). `pytest -m slow`
-# runs the whole cross product.
-CI_CASES = {
-    "mlp": ("replicate", 2),
-    "cnn": ("mirrored", 3),
-    "branching": ("model_parallel_1", 4),
-    "residual": ("model_parallel_2", 3),
-    "multi_input": ("model_parallel_1", 4),
-    "multi_output": ("model_parallel_2", 2),
-    "siamese": ("replicate", 3),
-    "nested": ("model_parallel_1", 3),
-    "rnn_state": ("model_parallel_1", 2),
-    "embedding_lstm": ("replicate", 2),
-    "subclassed": ("replicate", 4),
-    "application": None,  # 65 s a case: -m slow; CI checks predictions
-    "mixed_float16": ("model_parallel_2", 4),
-}
+# 65 s a case: `pytest -m slow`; the gate and the full tier check its
+# predictions.
+SLOW_TRAINING = {"application"}
 EXAMPLES = settings(max_examples=5, deadline=None, derandomize=True,
                     database=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -59,10 +44,9 @@ def _cases():
     cases = []
     for name, engine, devices in itertools.product(ZOO, ENGINES,
                                                    DEVICE_COUNTS):
-        ci = CI_CASES[name] == (engine, devices)
         cases.append(pytest.param(
             name, engine, devices, id=f"{name}-{engine}-{devices}",
-            marks=() if ci else (pytest.mark.slow,)))
+            marks=(pytest.mark.slow,) if name in SLOW_TRAINING else ()))
     return cases
 
 
@@ -111,6 +95,7 @@ def _close(got, want, tol):
                                    rtol=tol)
 
 
+@pytest.mark.zoo(axes=("engine", "devices"))
 @pytest.mark.parametrize("name, engine, devices", _cases())
 def test_engine_equals_the_template(name, engine, devices, rng, tmp_path):
     template = _deterministic(ZOO[name]())
@@ -154,31 +139,21 @@ def _predictor(name, engine, devices):
     return _PREDICTORS[key]
 
 
-# Batch sizes are searched on these in CI (others: -m slow): each engine,
-# uneven splits, several inputs and outputs, empty shares of a CNN, and
-# the keras.applications model, whose training case is too slow for CI.
-CI_PREDICTIONS = {("mlp", "replicate", 3), ("cnn", "replicate", 4),
-                  ("siamese", "mirrored", 3), ("rnn_state", "replicate", 4),
-                  ("multi_input", "model_parallel_2", 3),
-                  ("application", "replicate", 2)}
-
-
 def _prediction_cases():
-    wanted = CI_PREDICTIONS | {
-        (name, engine, DEVICE_COUNTS[i % len(DEVICE_COUNTS)])
-        for i, (name, engine) in enumerate(itertools.product(ZOO, ENGINES))}
+    # Every (model, engine) pair, on the device counts in turn: a zoo, which
+    # the gate samples down to one pair per model.
     cases = []
-    for name, engine, devices in sorted(wanted):
+    for i, (name, engine) in enumerate(itertools.product(ZOO, ENGINES)):
+        devices = DEVICE_COUNTS[i % len(DEVICE_COUNTS)]
         if engine.startswith("model_parallel") and _unsupported(
                 name, engine, devices, ZOO[name]()):
             continue
-        ci = (name, engine, devices) in CI_PREDICTIONS
-        cases.append(pytest.param(
-            name, engine, devices, id=f"{name}-{engine}-{devices}",
-            marks=() if ci else (pytest.mark.slow,)))
+        cases.append(pytest.param(name, engine, devices,
+                                  id=f"{name}-{engine}-{devices}"))
     return cases
 
 
+@pytest.mark.zoo(axes=("engine", "devices"))
 @pytest.mark.parametrize("name, engine, devices", _prediction_cases())
 @EXAMPLES
 @given(data=st.data())

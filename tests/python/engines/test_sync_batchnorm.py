@@ -21,7 +21,10 @@ from multigpu.engines.tensorflow import sync_batchnorm
 from multigpu.placement import ops_by_device
 from support.models import max_weight_difference
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 TOL = 1e-5
 ENGINES = ("replicate", "mirrored")

@@ -16,7 +16,10 @@ from multigpu.engines.template import TemplateLayer, TemplateWrapper
 from support.hub_models import gpt2_causal_lm, token_batch
 from support.models import copy_of, data, max_weight_difference, mlp
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 ENGINES = ("replicate", "mirrored")
 # The compile configuration is no matter of the device count: 2 devices,

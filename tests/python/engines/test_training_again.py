@@ -20,7 +20,10 @@ from multigpu.step.nonfinite import NonFiniteInputError
 from support import retraining
 from support.models import RaisesAtSecondBatch, copy_of, max_weight_difference
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 
 @pytest.fixture(scope="module")

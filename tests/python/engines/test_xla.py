@@ -21,7 +21,10 @@ import multigpu
 from multigpu.placement.graphs import executed_node_defs
 from support.models import copy_of, max_weight_difference, mlp
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 TOLERANCE = 1e-5
 ENGINES = ["replicate", "mirrored"]

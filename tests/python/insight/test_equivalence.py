@@ -13,6 +13,10 @@ from multigpu import messages
 from multigpu.insight.equivalence import EquivalenceReport, check_equivalence
 from support.models import model_with_r_layer
 
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = pytest.mark.zoo(axes=("engine",), scope="module")
+
 ENGINES = ["replicate", "mirrored", "strategy"]
 
 

@@ -8,7 +8,10 @@ import multigpu
 from conftest import DEVICES
 from support.models import copy_of, data, max_weight_difference, mlp
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 ENGINES = ("replicate", "mirrored")
 

@@ -17,7 +17,10 @@ from support.models import (
     zoo_batch,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 
 def _engine_model(template, engine):
     if engine == "model_parallel":

@@ -18,7 +18,10 @@ from multigpu.step import guard as guard_lib
 from multigpu.step.nonfinite import NonFiniteInputError
 from support.models import ZOO, zoo_batch
 
-pytestmark = pytest.mark.filterwarnings("ignore:No GPU found")
+# The module's tests are one zoo along the engines: the gate runs each
+# on one engine, in turn, the full tier on all (support/tiers.py).
+pytestmark = [pytest.mark.filterwarnings("ignore:No GPU found"),
+              pytest.mark.zoo(axes=("engine",), scope="module")]
 # Two devices make every split these tests need (and the replicas'
 # collectives); each more one is another replica to trace.
 TWO = DEVICES[:2]

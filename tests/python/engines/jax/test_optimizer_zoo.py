@@ -38,6 +38,9 @@ def _alone(name):
     return _trained(zoo.model(), name)
 
 
+# A zoo of one engine: every case runs in the gate too (support/tiers.py);
+# a second JAX engine would be its axis.
+@pytest.mark.zoo(axes=())
 @pytest.mark.parametrize("name", list(zoo.CASES))
 def test_an_optimizer_trains_as_on_one_device(name):
     weights, losses, state = _alone(name)
