@@ -47,6 +47,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 START = @echo "== make $@: started $$(date +%T)"
 END = @echo "== make $@: done $$(date +%T)"
 PYTEST_WORKERS ?= 2
+PYTEST ?= $(PY) -m pytest
 # The suite's tier (docs/ci.md): `gate`, what `make test` and CI run, or
 # `full`, every test (`make test-full`). Every step reads it from
 # MULTIGPU_TEST_TIER: pytest (tests/python/support/tiers.py), testthat
@@ -54,7 +55,7 @@ PYTEST_WORKERS ?= 2
 TIER ?= gate
 export MULTIGPU_TEST_TIER := $(TIER)
 
-.PHONY: demo test test-full setup setup-debs setup-python setup-r lint test-python \
+.PHONY: demo test test-full coverage coverage-compare setup setup-debs setup-python setup-r lint test-python \
 	test-python-jax r-tarball test-r test-r-install test-r-check test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
@@ -142,7 +143,7 @@ lint: setup-python
 # slowest tests, to keep CI within its time.
 test-python: setup-python slurm-up
 	$(START)
-	$(PY) -m pytest -q -m "not slow and not r_parity and not bench_quick" --durations=30 \
+	$(PYTEST) -q -m "not slow and not r_parity and not bench_quick" --durations=30 \
 	  -n $(PYTEST_WORKERS) --dist worksteal \
 	  --ignore=tests/python/test_scenario_python.py \
 	  --ignore=tests/python/engines/jax
@@ -156,8 +157,27 @@ test-python: setup-python slurm-up
 # (tests/python/engines/jax/test_jax_scenarios.py).
 test-python-jax: setup-python slurm-up
 	$(START)
-	KERAS_BACKEND=jax $(PY) -m pytest -q --durations=5 tests/python/engines/jax
+	KERAS_BACKEND=jax $(PYTEST) -q --durations=5 tests/python/engines/jax
 	$(END)
+
+# Line and branch coverage of python/multigpu under the tier's two pytest
+# steps, worker processes included (coverage.py's `patch = ["subprocess"]`,
+# pyproject.toml), into out/coverage/TIER.json; `make coverage-compare`
+# (after a gate and a full run) gives the gate's share of the full run's
+# lines and branches (docs/ci.md).
+COVERAGE_DIR := $(CURDIR)/out/coverage
+coverage: setup-python slurm-up
+	$(START)
+	rm -rf $(COVERAGE_DIR)/$(TIER) && mkdir -p $(COVERAGE_DIR)/$(TIER)
+	export COVERAGE_FILE=$(COVERAGE_DIR)/$(TIER)/data; \
+	  $(MAKE) --no-print-directory test-python PYTEST="$(PY) -m coverage run -m pytest" && \
+	  $(MAKE) --no-print-directory test-python-jax PYTEST="$(PY) -m coverage run -m pytest" && \
+	  $(PY) -m coverage combine -q && \
+	  $(PY) -m coverage json -q -o $(COVERAGE_DIR)/$(TIER).json
+	$(END)
+
+coverage-compare:
+	$(PY) .ci/coverage-compare.py $(COVERAGE_DIR)/gate.json $(COVERAGE_DIR)/full.json
 
 # The R package: the tarball (r-tarball) installed as a user installs it
 # (test-r-install), then R CMD check with testthat (test-r-check); `make

@@ -110,6 +110,10 @@ def _assert_both_end_on(out, weights):
             np.testing.assert_allclose(got_weight, want, atol=TOL, rtol=0)
 
 
+# Resuming across processes, after a second run and after the launcher's
+# warning: the full tier's (the gate trains two workers and an srun step as
+# one process, and stops a dead worker's peer).
+@pytest.mark.full
 def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weights(
         tmp_path, capfd, unbroken):
     checkpoints, out = str(tmp_path / "checkpoints"), str(tmp_path / "run")
@@ -125,6 +129,7 @@ def test_workers_checkpoint_once_and_a_second_run_resumes_to_the_unbroken_weight
     _assert_both_end_on(out, unbroken)
 
 
+@pytest.mark.full
 def test_a_warning_to_the_launcher_stops_both_after_one_batch_and_the_rerun_ends_unbroken(
         tmp_path, unbroken):
     """SIGUSR1 to the launcher reaches both processes at slightly different
