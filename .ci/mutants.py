@@ -100,9 +100,9 @@ MUTANTS = [
     {
         "id": "step-rows-scaling-dropped",
         "file": "step/train_step.py",
-        "original": "    factor = tf.cast(rows, loss.dtype) * replicas",
-        "replacement": "    factor = tf.cast(replicas, loss.dtype)",
-        "description": "training step: a replica's loss is no longer scaled "
+        "original": "rows * context.num_replicas_in_sync / tf.maximum(total, 1.0),",
+        "replacement": "1.0 * context.num_replicas_in_sync / tf.maximum(total, 1.0),",
+        "description": "training step: a replica's loss is no longer weighed "
                        "by its rows before the gradients are summed",
         "tests": ["tests/python/engines/test_mirrored.py",
                   "tests/python/step/test_accumulation.py"],

@@ -8,7 +8,7 @@ replica of every worker, and drives ordinary Keras callbacks, so it returns
 the same `keras.callbacks.History` as `fit`. It works under any strategy:
 multi-worker, mirrored, or none. Keras's step is run with each replica's
 gradient weighted by its share of the rows
-(`multigpu.step.train_step.summed_over_rows`), so a batch that does not
+(`multigpu.step.train_step.weighed_by_rows`), so a batch that does not
 split evenly between the replicas trains as on one device; a model whose
 class has a `train_step` of its own trains by it (the mirrored engine's
 weighs the rows itself).
@@ -126,7 +126,7 @@ def _replica_step(model):
     A model whose class defines its own `train_step` trains by it. Keras's
     (`keras.Model.train_step`) is run as `training_step.train_step`, which
     weighs each replica's gradient by its share of the rows
-    (`training_step.summed_over_rows`) and calls the model's
+    (`training_step.weighed_by_rows`) and calls the model's
     `compute_loss`, its own one included.
     """
     if type(model).train_step is not keras.Model.train_step:
@@ -203,7 +203,7 @@ def fit_distributed(model, dataset, epochs=1, strategy=None, verbose="auto",
     replica's share of the global batch; gradients are all-reduced across
     all replicas of all workers, so every worker ends with the same
     weights. Keras's step weighs each replica's gradient by its share of
-    the rows (see `multigpu.step.train_step.summed_over_rows`): a final
+    the rows (see `multigpu.step.train_step.weighed_by_rows`): a final
     batch that does not split evenly between the replicas trains as on one
     device, where Keras's `fit` under a strategy weights the rows of
     smaller shares more. The model is not changed for the run. Use it

@@ -86,7 +86,7 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
         input_names: The model's input names (see `nonfinite.checked_leaves`).
         output_names: The model's output names.
         weigh_rows: Whether the gradient weighs the replicas' rows as one
-            device does (`summed_over_rows`), under a strategy.
+            device does (`weighed_by_rows`), under a strategy.
 
     Returns:
         The logs, as `keras.Model.train_step` returns them.
@@ -109,19 +109,29 @@ def train_step(model, data, record=None, input_names=(), output_names=(),
                          record, record.layout(leaves), counting, weigh_rows)
 
 
-def summed_over_rows(loss, rows):
-    """A replica's loss whose gradient is the sum over the replica's rows.
+def weighed_by_rows(loss, rows):
+    """A replica's loss whose gradient is its share of one device's.
 
     Under a strategy every replica averages the loss over its own rows
     (and Keras divides it by the number of replicas), so summing the
     replicas' gradients would weigh the rows of a smaller share more: a
     batch of 10 on 4 replicas splits 3/3/2/2. The gradient of replica r is
-    scaled by `rows_r * replicas`, making it the sum of its rows'
-    gradients; `apply_once`, given `rows`, adds the row counts in the same
-    all-reduce as the gradients and divides the sums by the batch's rows:
-    the gradient of the mean over all rows, as on one device, with no
-    collective of its own. The loss value (and so the reported loss) is
-    unchanged.
+    scaled by `rows_r * replicas / rows`, where `rows` is the batch's row
+    count (one all-reduce of the replicas' counts, which depends on no
+    other op of the step): every row then weighs `1 / rows`, and the sum
+    of the replicas' gradients (`apply_once`) is the gradient of the mean
+    over all rows, as on one device. The loss value (and so the reported
+    loss) is unchanged.
+
+    The weight is applied to the loss, before the backward pass, because
+    a gradient may cross replicas there (a synchronised
+    BatchNormalization's all-reduce carries every replica's loss back to
+    each replica's variables). It is close to 1, so the backward pass
+    runs on the magnitudes of one device's: under `mixed_float16` it runs
+    in float16 on the loss scale's multiple of the loss, and a loss as
+    large as the batch's row count times one device's overflowed float16
+    where one device's did not, making the dynamic loss scale skip steps
+    that one device applies.
 
     Args:
         loss: The replica's loss, as Keras's `compute_loss` returns it.
@@ -129,18 +139,22 @@ def summed_over_rows(loss, rows):
 
     Returns:
         `loss` itself outside a replica context of several replicas;
-        otherwise a tensor of the same value whose gradient is rescaled.
+        otherwise a tensor of the same value whose gradient is reweighed.
 
     Example:
-    >>> loss = summed_over_rows(loss, rows)
+    >>> loss = weighed_by_rows(loss, rows)
     >>> ...  # the gradients
-    >>> apply_once(optimizer, grads, variables, rows=rows)
+    >>> apply_once(optimizer, grads, variables)
     """
     if not _in_replicas():
         return loss
-    replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    factor = tf.cast(rows, loss.dtype) * replicas
-    return loss * factor + tf.stop_gradient(loss * (1.0 - factor))
+    context = tf.distribute.get_replica_context()
+    rows = tf.cast(rows, tf.float32)
+    total = context.all_reduce(tf.distribute.ReduceOp.SUM, rows)
+    weight = tf.stop_gradient(tf.cast(
+        rows * context.num_replicas_in_sync / tf.maximum(total, 1.0),
+        loss.dtype))
+    return loss * weight + tf.stop_gradient(loss * (1.0 - weight))
 
 
 def _in_a_replica():
@@ -178,7 +192,7 @@ def _guarded_step(model, x, y, sample_weight, checked,
     variables = _trainable(model)
     scope = stateless.StepScope(variables, model.non_trainable_variables)
     with scope, stateless.casts_of_finite():
-        y_pred, loss, grads, rows = _loss_and_gradients(
+        y_pred, loss, grads = _loss_and_gradients(
             model, x, y, sample_weight, scope.trainable_values, weigh_rows,
             watch=True)
 
@@ -197,16 +211,16 @@ def _guarded_step(model, x, y, sample_weight, checked,
     with tf.control_dependencies([passed]):
         for variable, value in scope.updates():
             variable.assign(value)
-        apply_once(model.optimizer, grads, variables, rows)
+        apply_once(model.optimizer, grads, variables)
         return _track(model, x, y, y_pred, sample_weight, loss)
 
 
 def _step(model, x, y, sample_weight, weigh_rows):
     """Keras's step: forward, loss, gradients, update, metrics (traced)."""
     variables = _trainable(model)
-    y_pred, loss, grads, rows = _loss_and_gradients(
+    y_pred, loss, grads = _loss_and_gradients(
         model, x, y, sample_weight, variables, weigh_rows)
-    apply_once(model.optimizer, grads, variables, rows)
+    apply_once(model.optimizer, grads, variables)
     return _track(model, x, y, y_pred, sample_weight, loss)
 
 
@@ -228,12 +242,10 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, weigh_rows,
         sources: The trainable variables, or the values standing for them
             in a `stateless.StepScope` (tensors, which the tape must be
             told to watch: `watch=True`).
-        weigh_rows: Whether the loss goes through `summed_over_rows`.
+        weigh_rows: Whether the loss goes through `weighed_by_rows`.
 
     Returns:
-        `(y_pred, loss, grads, rows)`: `rows` is the replica's row count
-        when the gradients are sums over them (`summed_over_rows`), else
-        None.
+        `(y_pred, loss, grads)`.
     """
     with tf.GradientTape() as tape:
         if watch:
@@ -243,15 +255,13 @@ def _loss_and_gradients(model, x, y, sample_weight, sources, weigh_rows,
         y_pred = (model(x, training=True) if _takes_training(model.call)
                   else model(x))
         loss = _compute_loss(model, x, y, y_pred, sample_weight)
-        rows = None
         if weigh_rows and loss is not None and _in_replicas():
             first = keras.tree.flatten(y_pred if y_pred is not None else x)[0]
-            rows = tf.shape(first)[0]
-            loss = summed_over_rows(loss, rows)
+            loss = weighed_by_rows(loss, tf.shape(first)[0])
         scaled = (loss if model.optimizer is None
                   else model.optimizer.scale_loss(loss))
     grads = tape.gradient(scaled, sources) if sources else []
-    return y_pred, loss, _zero_when_no_rows(grads, x), rows
+    return y_pred, loss, _zero_when_no_rows(grads, x)
 
 
 def _takes_training(method):
@@ -301,7 +311,7 @@ def _zero_when_no_rows(grads, x):
     return [kept(grad) for grad in grads]
 
 
-def apply_once(optimizer, grads, variables, rows=None):
+def apply_once(optimizer, grads, variables):
     """The optimizer's update with the whole batch's gradient, once (traced).
 
     Without a strategy (or called in cross-replica context) this is
@@ -311,8 +321,8 @@ def apply_once(optimizer, grads, variables, rows=None):
     all of them, and fail in `ema_overwrite_frequency`'s `tf.cond` (a
     `merge_call` inside it). Here the replicas' gradients are summed first,
     in one all-reduce, into the whole batch's gradient (`compute_loss`
-    divides by the replica count; with `rows`, the sums over the rows are
-    divided by the batch's rows, counted in the same all-reduce), and the
+    divides by the replica count, and `weighed_by_rows` weighs uneven
+    shares), and the
     optimizer runs once on that sum, in cross-replica context (one
     `merge_call`): clipping, weight decay, the moving average, gradient
     accumulation and the loss scale's decision are those of one device,
@@ -322,8 +332,6 @@ def apply_once(optimizer, grads, variables, rows=None):
         optimizer: A Keras optimizer (a `LossScaleOptimizer` included).
         grads: This replica's gradients (None for a variable without one).
         variables: The trainable variables they are for.
-        rows: The replica's row count when `grads` are sums over its rows
-            (`summed_over_rows`), or None.
 
     Example:
     >>> apply_once(model.optimizer, grads, model.trainable_variables)
@@ -334,13 +342,8 @@ def apply_once(optimizer, grads, variables, rows=None):
     context = tf.distribute.get_replica_context()
     present = [i for i, g in enumerate(grads) if g is not None]
     reduced = [grads[i] for i in present]
-    if rows is not None:
-        reduced.append(tf.cast(rows, tf.float32))
     if reduced:
         reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, reduced)
-    if rows is not None:
-        total = tf.maximum(reduced.pop(), 1.0)
-        reduced = [_divided(grad, total) for grad in reduced]
     local = _computes_with_whole_gradients(optimizer)
 
     def across(strategy, summed):
@@ -358,14 +361,6 @@ def apply_once(optimizer, grads, variables, rows=None):
             _apply_whole(optimizer, whole, variables)
 
     context.merge_call(across, args=(reduced,))
-
-
-def _divided(grad, total):
-    """`grad / total`, for a dense gradient or `tf.IndexedSlices`."""
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(total, grad.dtype),
-                                grad.indices, grad.dense_shape)
-    return grad / tf.cast(total, grad.dtype)
 
 
 # What makes an optimizer's `apply` compute with the gradients themselves,

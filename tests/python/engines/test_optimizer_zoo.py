@@ -10,6 +10,9 @@ unevenly and leave a device without rows, and ends within `TOL` of the
 same model trained by plain Keras on one device, its logged losses too.
 Under `mixed_float16`, a batch one replica's share of which overflows is
 skipped on every replica, as one device skips it.
+A model all in float16 (its outputs too), trained with a learning rate
+that moves its weights, takes on 4 devices the steps one device takes
+(`MIXED_RUNS`).
 """
 
 import functools
@@ -55,3 +58,17 @@ def test_mixed_float16_skips_the_steps_one_device_skips(engine,
     parallel = multigpu.multi_gpu_model(zoo.mixed_model(), gpus=zoo.DEVICES,
                                         engine=engine)
     zoo.check_same_skipped_steps(_mixed_alone(), zoo.fit_mixed(parallel))
+
+
+@functools.cache
+def _float16_alone(run):
+    return zoo.fit_float16(zoo.float16_model(), run)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("run", list(zoo.MIXED_RUNS))
+def test_a_float16_model_trains_as_on_one_device(run, engine, mixed_float16):
+    parallel = multigpu.multi_gpu_model(
+        zoo.float16_model(), gpus=zoo.MIXED_DEVICES, engine=engine)
+    zoo.check_float16_as_on_one_device(_float16_alone(run),
+                                       zoo.fit_float16(parallel, run))

@@ -16,7 +16,7 @@ contract of the replicate engine:
 * Predictions equal the template's, and one step on a batch equals one step
   of the template on that batch, also when the batch does not split evenly
   between replicas (the training step's `weigh_rows`,
-  `multigpu.step.train_step.summed_over_rows`).
+  `multigpu.step.train_step.weighed_by_rows`).
 
 The default engine, `"auto"` (`multigpu.engines.front.DEFAULT_ENGINE`), runs this
 engine on 3 or more GPUs and the replicate engine elsewhere; `python -m bench.lockstep`
@@ -461,7 +461,7 @@ class MirroredModel(TensorFlowTrainer, TemplateBacked,
         The losses the layers add (`add_loss`, `activity_regularizer`)
         come out of the pass and are the model's own (`add_loss`), once
         per replica; the training step weighs them, with the rest of the
-        loss, by the replica's rows (`train_step.summed_over_rows`): a
+        loss, by the replica's rows (`train_step.weighed_by_rows`): a
         layer-made loss counts as the row-weighted mean of the replicas'
         losses, as `forward.rows_weighted_loss` combines them on the
         replicate engine.

@@ -9,6 +9,9 @@ unevenly and leave a device without rows, and ends within `TOL` of the
 same model trained by plain Keras on one device: its weights, its logged
 losses and its optimizer's variables. Under `mixed_float16`, a batch one
 device's share of which overflows is skipped as one device skips it.
+A model all in float16 (its outputs too), trained with a learning rate
+that moves its weights, takes on 4 devices the steps one device takes
+(`MIXED_RUNS`).
 Like the rest of this folder, these tests need a process started with
 `KERAS_BACKEND=jax` (conftest.py).
 """
@@ -58,3 +61,11 @@ def test_mixed_float16_skips_the_steps_one_device_skips(mixed_float16):
     parallel = multigpu.multi_gpu_model(zoo.mixed_model(), gpus=zoo.DEVICES,
                                         engine="jax")
     zoo.check_same_skipped_steps(alone, zoo.fit_mixed(parallel))
+
+
+@pytest.mark.parametrize("run", list(zoo.MIXED_RUNS))
+def test_a_float16_model_trains_as_on_one_device(run, mixed_float16):
+    alone = zoo.fit_float16(zoo.float16_model(), run)
+    parallel = multigpu.multi_gpu_model(
+        zoo.float16_model(), gpus=zoo.MIXED_DEVICES, engine="jax")
+    zoo.check_float16_as_on_one_device(alone, zoo.fit_float16(parallel, run))
