@@ -11,6 +11,20 @@ PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PY_STAMP := $(VENV)/.installed
+# The JAX suite's environments, one per JAX minor version of the `jax`
+# extra's range (pyproject.toml): JAX 0.11 and 0.12 need Python 3.12 or
+# newer, so they are made with JAX_PYTHON, the first of the machine's own
+# Pythons (python3.12, python3.13, pyenv's) that is one.
+# The gate runs the suite on the newest (JAX_VERSION); the full tier on each.
+ifndef JAX_PYTHON
+JAX_PYTHON := $(shell for python in python3.12 python3.13 $(wildcard $(HOME)/.pyenv/versions/3.1[23].*/bin/python3); do \
+  $$python -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$python; break; }; done)
+endif
+JAX_VERSIONS := 0.10 0.11 0.12
+JAX_VERSION ?= $(lastword $(JAX_VERSIONS))
+JAX_VENV = .venv-jax-$(JAX_VERSION)
+JAX_PY = $(JAX_VENV)/bin/python
+JAX_PYTEST ?= $(JAX_PY) -m pytest
 # The demo's part of it: the core, TensorFlow and scikit-learn (no root).
 DEMO_STAMP := $(VENV)/.demo-installed
 # rpy2, for the R parity step only (it compiles against R).
@@ -56,7 +70,7 @@ TIER ?= gate
 export MULTIGPU_TEST_TIER := $(TIER)
 
 .PHONY: demo test test-full coverage coverage-compare setup setup-debs setup-python setup-r lint test-python \
-	test-python-jax r-tarball test-r test-r-install test-r-check test-r-parity test-r-zero-setup bench bench-quick docs slurm-up
+	test-python-jax test-python-jax-versions setup-python-jax r-tarball test-r test-r-install test-r-check test-r-parity test-r-zero-setup bench bench-quick docs slurm-up gpu-check gpu-bundle
 
 # The core, TensorFlow and scikit-learn only: no apt, no root.
 demo: $(DEMO_STAMP)
@@ -71,13 +85,23 @@ $(DEMO_STAMP): pyproject.toml
 # by side: each keeps about one core busy.
 setup: setup-debs
 	$(START)
-	@$(MAKE) --no-print-directory -j2 --output-sync=target setup-python setup-r
+	@$(MAKE) --no-print-directory -j3 --output-sync=target setup-python setup-r setup-python-jax
 	$(END)
 
 setup-debs:
 	bash .ci/apt-install.sh $(R_DEBS) $(DOCS_DEBS)
 
 setup-python: $(PY_STAMP)
+
+# One JAX suite environment (JAX_VERSION): TensorFlow beside JAX, as in
+# .venv, for the suite's comparisons with TensorFlow runs.
+setup-python-jax: $(JAX_VENV)/.installed
+
+$(JAX_VENV)/.installed: pyproject.toml
+	@[ -n "$(JAX_PYTHON)" ] || { echo "setup-python-jax: no Python 3.12 or newer here (python3.12, python3.13, pyenv's): the JAX suite runs on one (JAX 0.11 and 0.12 need it); set JAX_PYTHON to one" >&2; exit 1; }
+	$(JAX_PYTHON) -m venv $(JAX_VENV)
+	$(JAX_PY) -m pip install --quiet -e ".[cpu,test,jax]" "jax==$(JAX_VERSION).*"
+	touch $@
 
 # Everything the Python steps use; nothing here compiles against R, so
 # no apt and no root (rpy2 comes with the R parity step: $(RPY2_STAMP)).
@@ -120,7 +144,7 @@ test: setup lint
 	  "$(MAKE) --no-print-directory test-r-check" \
 	  "$(BESIDE_NICE) docs" \
 	  "$(BESIDE_NICE) test-r-parity" \
-	  "$(BESIDE_NICE) test-python-jax" \
+	  "$(BESIDE_NICE) test-python-jax-versions" \
 	  "$(BESIDE_NICE) test-r-zero-setup" \
 	  "$(BESIDE_NICE) bench-quick" \
 	  "$(BESIDE_NICE) test-r-install"
@@ -155,10 +179,19 @@ test-python: setup-python slurm-up
 # The shared scenarios that name JAX run there too, each compared with its
 # run on TensorFlow, which one child process of that pytest makes meanwhile
 # (tests/python/engines/jax/test_jax_scenarios.py).
-test-python-jax: setup-python slurm-up
+# On JAX_VERSION (the newest by default); test-python-jax-versions runs it on
+# the tier's versions: the newest in the gate, each one in the full tier.
+test-python-jax: setup-python-jax slurm-up
 	$(START)
-	KERAS_BACKEND=jax $(PYTEST) -q --durations=5 tests/python/engines/jax
+	@$(JAX_PY) -c 'import jax; print("JAX", jax.__version__)'
+	KERAS_BACKEND=jax $(JAX_PYTEST) -q --durations=5 tests/python/engines/jax
 	$(END)
+
+JAX_TIER_VERSIONS = $(if $(filter full,$(TIER)),$(JAX_VERSIONS),$(JAX_VERSION))
+test-python-jax-versions:
+	@for version in $(JAX_TIER_VERSIONS); do \
+	  $(MAKE) --no-print-directory test-python-jax JAX_VERSION=$$version || exit 1; \
+	done
 
 # Line and branch coverage of python/multigpu under the tier's two pytest
 # steps, worker processes included (coverage.py's `patch = ["subprocess"]`,
@@ -166,15 +199,32 @@ test-python-jax: setup-python slurm-up
 # (after a gate and a full run) gives the gate's share of the full run's
 # lines and branches (docs/ci.md).
 COVERAGE_DIR := $(CURDIR)/out/coverage
-coverage: setup-python slurm-up
+coverage: setup-python setup-python-jax slurm-up
 	$(START)
 	rm -rf $(COVERAGE_DIR)/$(TIER) && mkdir -p $(COVERAGE_DIR)/$(TIER)
 	export COVERAGE_FILE=$(COVERAGE_DIR)/$(TIER)/data; \
 	  $(MAKE) --no-print-directory test-python PYTEST="$(PY) -m coverage run -m pytest" && \
-	  $(MAKE) --no-print-directory test-python-jax PYTEST="$(PY) -m coverage run -m pytest" && \
+	  $(MAKE) --no-print-directory test-python-jax JAX_PYTEST="$(JAX_PY) -m coverage run -m pytest" && \
 	  $(PY) -m coverage combine -q && \
 	  $(PY) -m coverage json -q -o $(COVERAGE_DIR)/$(TIER).json
 	$(END)
+
+# On a machine with NVIDIA GPUs (JAX, with or without TensorFlow): device
+# discovery, the engine's step beside Keras's fit, memory_plan and
+# find_batch_size against the device's memory, mixed precision and XLA
+# against float32, scaling; one table and out/gpu-check.json
+# (docs/benchmarks.md). Its small case runs in the gate
+# (tests/python/test_gpu_check.py).
+gpu-check:
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m bench.gpu_check --out out/gpu-check.json
+
+# The wheels an offline GPU node with JAX needs for multigpu (Keras, its
+# dependencies, the package), for Python PYTHON_VERSION, into BUNDLE, at
+# most 32 MiB (docs/cluster.md#an-offline-gpu-node).
+PYTHON_VERSION ?= 3.12
+BUNDLE ?= out/gpu-bundle
+gpu-bundle:
+	$(PYTHON_BOOT) .ci/gpu-bundle.py --python-version $(PYTHON_VERSION) --out $(BUNDLE)
 
 coverage-compare:
 	$(PY) .ci/coverage-compare.py $(COVERAGE_DIR)/gate.json $(COVERAGE_DIR)/full.json

@@ -57,7 +57,7 @@ fi
 # The sources without what is not the package's (environments, outputs).
 copy_sources() {
   rm -rf "$1" && mkdir -p "$1"
-  tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude=./.r-lib \
+  tar --exclude=./.git --exclude=./.venv --exclude=./.venv-numpy2 --exclude="./.venv-jax-*" --exclude=./.r-lib \
     --exclude=./.r-current --exclude=./out --exclude='./*.Rcheck' \
     -cf - . | tar -xf - -C "$1"
 }
