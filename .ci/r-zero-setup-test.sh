@@ -14,7 +14,8 @@
 # 1. A first R session: library(keras3); library(multigpu);
 #    virtual_devices(2), then a keras3 model trains through
 #    multi_gpu_model(gpus = 2): reticulate creates the environment from the
-#    py_require() declarations of keras3 and multigpu. Timed.
+#    py_require() declarations of keras3 and multigpu. Timed. It prints no
+#    line starting with "Error" (nor do sessions 2 and 2b).
 # 2. A second session, the same script: reticulate reuses the cached
 #    environment. Timed.
 # 2b. The JAX backend: library(keras3); use_backend("jax");
@@ -71,6 +72,17 @@ fresh_r() {
     TF_CPP_MIN_LOG_LEVEL=2 "$@" "$rscript" -e "$script"
 }
 
+# What a session printed (stdout and stderr, shown as it runs) holds no
+# line that reads as an R error: it is the first thing a new user reads
+# (reticulate's recovered C stack overflow printed one: R/python.R,
+# start_python()).
+no_error_lines() {
+  if grep -nE '^Error' "$1" >&2; then
+    echo "r-zero-setup-test: the $2 printed an error line (above)" >&2
+    exit 1
+  fi
+}
+
 # The same training in every session: a keras3 model on 2 simulated devices,
 # 5 epochs of iris; its loss falls.
 build='
@@ -119,12 +131,14 @@ libs="$work/library:$current_lib"
 
 echo "== first session: nothing configured, keras3 then multigpu, reticulate creates the environment"
 start=$SECONDS
-fresh_r "$path" "$libs"
+fresh_r "$path" "$libs" 2>&1 | tee "$work/first.log"
 first=$((SECONDS - start))
+no_error_lines "$work/first.log" "first session"
 echo "== second session: the cached environment"
 start=$SECONDS
-fresh_r "$path" "$libs"
+fresh_r "$path" "$libs" 2>&1 | tee "$work/second.log"
 second=$((SECONDS - start))
+no_error_lines "$work/second.log" "second session"
 echo "zero set-up: first session ${first} s, second session (cached) ${second} s"
 
 jax_time="skipped (MULTIGPU_ZERO_SETUP_JAX=0)"
@@ -153,8 +167,9 @@ stopifnot(isTRUE(reticulate::py$jax_in_range))
 cat("zero set-up on JAX: OK\n")
 '
   start=$SECONDS
-  fresh_r "$path" "$libs"
+  fresh_r "$path" "$libs" 2>&1 | tee "$work/jax.log"
   jax_time="$((SECONDS - start)) s"
+  no_error_lines "$work/jax.log" "JAX session"
 fi
 
 echo "== without uv: the first call says what to do"

@@ -93,10 +93,43 @@ cached_core <- function(cache = tools::R_user_dir("multigpu", "cache")) {
 #'   version differs from the R package's.
 #' @noRd
 python_problem <- function() {
-  started <- tryCatch({ reticulate::py_config(); NULL },
+  started <- tryCatch({ start_python(); NULL },
                       error = function(e) conditionMessage(e))
   if (!is.null(started)) return(start_problem(started))
   versions_problem(python_versions(), reticulate::py_exe())
+}
+
+#' Start Python (`reticulate::py_config()`), without reticulate's report of
+#' a C stack overflow that it recovers from.
+#'
+#' reticulate 1.46 builds its uv environment while it starts Python. Where
+#' uv lists no Python of its own (`UV_PYTHON_DOWNLOADS=never`, none
+#' installed), reticulate's search for a Python to start from asks for the
+#' Python being started, which resolves the environment again, until R's C
+#' stack limit stops the recursion. A `try()` inside reticulate then prints
+#' "Error : C stack usage ... is too close to the limit", and reticulate
+#' goes on to find the environment. What its `try()` calls print goes
+#' through the `try.outFile` option: here a text connection, from which every
+#' line but that one reaches stderr once Python has started (or failed to).
+#' @noRd
+start_python <- function() {
+  printed <- character()
+  connection <- textConnection("printed", "w", local = TRUE)
+  previous <- options(try.outFile = connection)
+  on.exit({
+    options(previous)
+    close(connection)
+    kept <- printed[!is_recovered_stack_overflow(printed)]
+    if (length(kept)) writeLines(kept, stderr())
+  }, add = TRUE)
+  reticulate::py_config()
+}
+
+#' Whether lines are reticulate's report of the C stack overflow that
+#' `start_python()` leaves out.
+#' @noRd
+is_recovered_stack_overflow <- function(lines) {
+  grepl("^Error : C stack usage +[0-9]+ is too close to the limit$", lines)
 }
 
 #' What is wrong with the `versions` (from `python_versions()`) of `python`
