@@ -140,3 +140,22 @@ def test_r_package_constraints_pin_what_pyproject_requires():
         assert requirement.name in constraints, requirement.name
         assert constraints[requirement.name] == requirement.specifier, requirement.name
     assert set(constraints) == {r.name for r in required}
+
+
+def test_the_jax_range_is_the_jax_versions_the_suite_runs_on():
+    # The `jax` extra's range is the tested one: the Makefile's JAX_VERSIONS
+    # (a JAX suite environment each, every one in make test-full), no more.
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["jax"]
+    (specifier,) = [Requirement(line).specifier for line in extra
+                    if Requirement(line).name == "jax"]
+    makefile = (ROOT / "Makefile").read_text()
+    (line,) = [line for line in makefile.splitlines()
+               if line.startswith("JAX_VERSIONS :=")]
+    tested = line.split(":=")[1].split()
+    minors = sorted(int(version.split(".")[1]) for version in tested)
+    assert minors == list(range(minors[0], minors[-1] + 1)), tested
+    for minor in minors:
+        assert specifier.contains(f"0.{minor}.0"), (specifier, minor)
+    assert not specifier.contains(f"0.{minors[0] - 1}.9"), specifier
+    assert not specifier.contains(f"0.{minors[-1] + 1}.0"), specifier
