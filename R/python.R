@@ -111,8 +111,9 @@ python_problem <- function() {
 #' goes on to find the environment. What its `try()` calls print goes
 #' through the `try.outFile` option: here a text connection, from which every
 #' line but that one reaches stderr once Python has started (or failed to).
+#' `start` is the call that starts Python.
 #' @noRd
-start_python <- function() {
+start_python <- function(start = reticulate::py_config) {
   printed <- character()
   connection <- textConnection("printed", "w", local = TRUE)
   previous <- options(try.outFile = connection)
@@ -122,7 +123,7 @@ start_python <- function() {
     kept <- printed[!is_recovered_stack_overflow(printed)]
     if (length(kept)) writeLines(kept, stderr())
   }, add = TRUE)
-  reticulate::py_config()
+  start()
 }
 
 #' Whether lines are reticulate's report of the C stack overflow that

@@ -136,6 +136,9 @@ test_that("data that is not a dataset is named", {
 })
 
 test_that("an Rscript job warned before its time limit requeues itself and ends on the unbroken weights", {
+  # Over 3 minutes of a real Slurm allocation's time limit; the gate runs
+  # the requeue in Python (tests/python/checkpoints) and Slurm's srun from R.
+  skip_unless_full_tier("a Slurm job's time limit, over 3 minutes")
   skip_if_not_installed_unloaded("keras3")
   skip_if_no_multigpu()
   skip_if_no_slurm()

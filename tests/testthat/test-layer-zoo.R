@@ -3,6 +3,8 @@
 # device (tests/python/engines/test_layer_zoo.py runs every layer family in depth).
 # On 2 devices: batches of 10 rows split 5/5, the last 3 rows 2/1; each
 # more device is another replica to trace, and Python covers the empty share.
+# The engine products are a zoo (helper-tiers.R): each engine in the full
+# tier, the gate's rotation otherwise.
 
 zoo_features <- function(rows, seed = 3) {
   set.seed(seed)
@@ -50,7 +52,7 @@ test_that("layer_normalization() with adapt() trains as on one device", {
       keras3::layer_dense(2)
     keras3::keras_model(inputs, outputs)
   }
-  for (engine in c("replicate", "mirrored")) {
+  for (engine in zoo_engines("layers", "normalization_adapt")) {
     zoo_trains_as_on_one_device(build, x, zoo_targets(x), engine)
   }
 })
@@ -120,12 +122,12 @@ test_that("a variational autoencoder whose sampling layer adds its KL term train
   }
 })
 
-test_that("layer_lstm(dropout = 0.2) trains on both engines", {
+test_that("layer_lstm(dropout = 0.2) trains on each engine", {
   skip_if_no_multigpu()
   set.seed(4)
   tokens <- matrix(sample.int(19L, 23 * 7, replace = TRUE), 23, 7)
   labels <- sample(0:2, 23, replace = TRUE)
-  for (engine in c("replicate", "mirrored")) {
+  for (engine in zoo_engines("layers", "lstm_dropout")) {
     keras3::set_random_seed(21)
     inputs <- keras3::keras_input(shape = 7, dtype = "int32")
     outputs <- inputs |> keras3::layer_embedding(20, 4, mask_zero = TRUE) |>

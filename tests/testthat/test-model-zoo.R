@@ -59,7 +59,7 @@ test_that("a KerasHub task trains as it comes, and compile() takes its defaults"
   skip_if_no_multigpu()
   set.seed(3)
   data <- token_data(6)
-  for (engine in c("replicate", "mirrored")) {
+  for (engine in zoo_engines("published", "keras_hub_task")) {
     task <- tiny_gpt2()
     reference <- tiny_gpt2()
     parallel <- multi_gpu_model(task, gpus = 2, engine = engine)

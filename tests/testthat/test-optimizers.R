@@ -5,9 +5,9 @@
 # once, on the whole batch's gradient (tests/python/engines/
 # test_optimizer_zoo.py has every optimizer class and option).
 #
-# Each one-device reference is trained once and serves both engines.
-
-optimizer_engines <- c("replicate", "mirrored")
+# Each one-device reference is trained once and serves every engine the case
+# runs on: both in the full tier, the gate's rotation otherwise
+# (zoo_engines("optimizers", case), helper-tiers.R).
 
 # keras3's model of the Python zoo: 5 features -> 6 tanh units -> 2 outputs.
 # The weights are `weights` (a list from get_weights()) when given.
@@ -42,12 +42,12 @@ max_difference <- function(weights, others) {
   max(mapply(function(a, b) max(abs(a - b)), weights, others))
 }
 
-# Trains the zoo model from `initial` through multi_gpu_model() on each
-# engine with a fresh `make_optimizer()`, and expects it to end within
+# Trains the zoo model from `initial` through multi_gpu_model() on each of
+# `engines` with a fresh `make_optimizer()`, and expects it to end within
 # `tolerance` of `reference` (list(weights, history) from one device).
 expect_as_on_one_device <- function(make_optimizer, initial, reference, data,
-                                    tolerance = 1e-5) {
-  for (engine in optimizer_engines) {
+                                    engines, tolerance = 1e-5) {
+  for (engine in engines) {
     template <- zoo_model(initial)
     parallel <- multi_gpu_model(template, gpus = 2, engine = engine)
     history <- tryCatch(fit_in_order(parallel, make_optimizer(), data),
@@ -69,8 +69,9 @@ expect_as_on_one_device <- function(make_optimizer, initial, reference, data,
 
 # Trains with `make_optimizer()` on one device; checks that the same
 # optimizer without the option (`make_plain()`) ends elsewhere, so the option
-# matters on this data, and that both engines end where one device does.
-expect_option_as_on_one_device <- function(make_optimizer, make_plain) {
+# matters on this data, and that each of `engines` ends where one device
+# does.
+expect_option_as_on_one_device <- function(engines, make_optimizer, make_plain) {
   data <- zoo_data()
   initial <- keras3::get_weights(zoo_model())
   alone <- zoo_model(initial)
@@ -80,19 +81,22 @@ expect_option_as_on_one_device <- function(make_optimizer, make_plain) {
   fit_in_order(plain, make_plain(), data)
   expect_gt(max_difference(keras3::get_weights(plain), reference$weights), 1e-3)
 
-  expect_as_on_one_device(make_optimizer, initial, reference, data)
+  expect_as_on_one_device(make_optimizer, initial, reference, data,
+                          engines = engines)
 }
 
-test_that("gradient clipping clips the whole batch's gradient, as on one device, on both engines", {
+test_that("gradient clipping clips the whole batch's gradient, as on one device, on each engine", {
   skip_if_no_multigpu()
   expect_option_as_on_one_device(
+    zoo_engines("optimizers", "clipnorm"),
     function() keras3::optimizer_sgd(learning_rate = 0.1, clipnorm = 1),
     function() keras3::optimizer_sgd(learning_rate = 0.1))
 })
 
-test_that("Adam's moving average of the weights (use_ema) trains as on one device, on both engines", {
+test_that("Adam's moving average of the weights (use_ema) trains as on one device, on each engine", {
   skip_if_no_multigpu()
   expect_option_as_on_one_device(
+    zoo_engines("optimizers", "use_ema"),
     function() {
       keras3::optimizer_adam(learning_rate = 0.01, use_ema = TRUE,
                              ema_momentum = 0.5, ema_overwrite_frequency = 2)
@@ -118,7 +122,7 @@ test_that("under mixed_float16, a batch that overflows on one device is skipped 
   weights <- keras3::get_weights(alone)
   expect_lt(scale, 2^15)  # one device skipped steps
 
-  for (engine in optimizer_engines) {
+  for (engine in zoo_engines("optimizers", "mixed_float16_skipped_steps")) {
     template <- zoo_model(initial, output_dtype = "float32")
     parallel <- multi_gpu_model(template, gpus = 2, engine = engine)
     fit_in_order(parallel, keras3::optimizer_sgd(learning_rate = 1e-4), data,

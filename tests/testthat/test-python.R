@@ -122,3 +122,19 @@ test_that("multigpu_config() reports the running Python and its versions", {
   expect_match(config$versions[["tensorflow"]], "^2\\.21\\.")
   expect_output(print(config), "status:     ready")
 })
+
+test_that("starting Python hides only reticulate's recovered C stack overflow", {
+  # What reticulate 1.46's try() prints when its search for a Python recurses
+  # until R's C stack limit (R/python.R), beside a line that must stay.
+  start <- function() {
+    try(stop(simpleError("C stack usage  7971092 is too close to the limit")))
+    try(stop(simpleError("a real problem")))
+    "started"
+  }
+  printed <- capture.output(result <- start_python(start), type = "message")
+  expect_identical(result, "started")
+  expect_identical(printed, "Error : a real problem")
+  expect_true(is_recovered_stack_overflow(
+    "Error : C stack usage  7971092 is too close to the limit"))
+  expect_false(is_recovered_stack_overflow("Error in f() : C stack usage  7971092 is wrong"))
+})
