@@ -60,17 +60,17 @@ skip_unless_full_tier <- function(why) {
   skip(paste0(full_tier_reason, ": ", why))
 }
 
-# The engines the gate runs for each of `cases` on `engines`: case number i
-# gets engine number (i + turn) mod k, then the last case also gets every
-# engine no case has yet, so the gate reaches every case and every engine
-# however few the cases are. A named list, case to engines.
+# The engines the gate runs for each of `cases` on `engines`, as
+# gate_sample() in tests/python/support/tiers.py: case number i gets engine
+# number (i + turn) mod k, then every engine no case has yet goes to the
+# first case, so the gate reaches every case and every engine however few
+# the cases are. A named list, case to engines.
 gate_engines <- function(cases, engines, turn = 0L) {
   k <- length(engines)
   chosen <- lapply(seq_along(cases) - 1L, function(i) engines[(i + turn) %% k + 1L])
   unreached <- setdiff(engines, unlist(chosen))
   if (length(cases) > 0L && length(unreached) > 0L) {
-    last <- length(cases)
-    chosen[[last]] <- c(chosen[[last]], unreached)
+    chosen[[1L]] <- c(chosen[[1L]], unreached)
   }
   stats::setNames(chosen, cases)
 }

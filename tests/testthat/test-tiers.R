@@ -40,8 +40,10 @@ test_that("the gate's rotation walks the engines along the cases", {
   expect_identical(sample, list(a = "x", b = "y", c = "x"))
   expect_identical(gate_engines(c("a", "b", "c"), c("x", "y"), turn = 1L),
                    list(a = "y", b = "x", c = "y"))
-  # Fewer cases than engines: the last case takes the engines left over.
+  # Fewer cases than engines: the first case takes the engines left over.
   expect_identical(gate_engines("a", c("x", "y", "z")), list(a = c("x", "y", "z")))
+  expect_identical(gate_engines(c("a", "b"), c("x", "y", "z")),
+                   list(a = c("x", "z"), b = "y"))
 })
 
 test_that("zoo_engines() gives the gate's sample in the gate and every engine in the full tier", {
