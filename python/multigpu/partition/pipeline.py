@@ -34,6 +34,34 @@ def _device_pass():
     return device_pass
 
 
+def rows_known_when_run(x):
+    """`x`, with a static batch of 0 rows made unknown to the traced graph.
+
+    Keras's TensorFlow ops read a static dimension of 0 as broadcastable:
+    `Add` takes a `(0, n)` operand for a bias and BatchNormalization matches
+    its moments against it, and tracing fails. With the row count known only
+    when the step runs, an empty batch takes the path every other batch
+    takes. Any other tensor, and every tensor outside a traced function,
+    comes back as it is.
+
+    Args:
+        x: A tensor whose first dimension is the batch.
+
+    Returns:
+        `x`, or an identity of it whose static first dimension is `None`.
+
+    Example:
+
+    >>> rows_known_when_run(tf.zeros((2, 3))).shape
+    TensorShape([2, 3])
+    """
+    if tf.executing_eagerly() or x.shape.rank is None or x.shape.rank == 0:
+        return x
+    if x.shape[0] != 0:
+        return x
+    return tf.raw_ops.PlaceholderWithDefault(input=x, shape=tf.TensorShape([None]).concatenate(x.shape[1:]))
+
+
 class StagePlan:
     """Nodes of each stage and the tensors that cross stage boundaries.
 
@@ -221,7 +249,7 @@ class Stages(TemplateLayer):
     def call(self, inputs, training=None):
         flat = keras.tree.flatten(inputs)
         if self.microbatches == 1:
-            merged = self._run(flat, training)
+            merged = self._run([rows_known_when_run(x) for x in flat], training)
         else:
             with tf.device(HOST_DEVICE):
                 bounds = _forward().split_bounds(

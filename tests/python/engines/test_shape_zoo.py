@@ -139,11 +139,6 @@ def _predictor(name, engine, devices):
     return _PREDICTORS[key]
 
 
-# Models whose first stage normalizes a batch: `model_parallel` with one
-# micro-batch fails on a batch of 0 rows (an open defect).
-ZERO_ROW_BATCHNORM = {"application", "cnn", "residual"}
-
-
 def _prediction_cases():
     # Every (model, engine) pair, on the device counts in turn: a zoo, which
     # the gate samples down to one pair per model.
@@ -153,13 +148,7 @@ def _prediction_cases():
         if engine.startswith("model_parallel") and _unsupported(
                 name, engine, devices, ZOO[name]()):
             continue
-        marks = ()
-        if engine == "model_parallel_1" and name in ZERO_ROW_BATCHNORM:
-            marks = pytest.mark.xfail(strict=True, reason=(
-                "model_parallel without micro-batches predicts 0 rows "
-                "through BatchNormalization with an error: 'Incompatible "
-                "shapes: [3] vs. [0,6,6,2]' (found by the full tier)"))
-        cases.append(pytest.param(name, engine, devices, marks=marks,
+        cases.append(pytest.param(name, engine, devices,
                                   id=f"{name}-{engine}-{devices}"))
     return cases
 

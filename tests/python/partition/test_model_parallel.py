@@ -187,6 +187,30 @@ def test_microbatches_equal_the_unpipelined_step(rng, rows):
                 and "/pivot_" not in n.name} == {DEVICES[3]}
 
 
+def skip_and_batch_norm():
+    """Dense layers joined by a skip connection, then BatchNormalization:
+    Keras's TensorFlow `Add` and BatchNormalization both fail to trace on a
+    static batch of 0 rows."""
+    inputs = keras.Input((5,), name="features")
+    hidden = keras.layers.Dense(5, activation="tanh", name="d0")(inputs)
+    skip = keras.layers.Add(name="skip")([inputs, hidden])
+    normed = keras.layers.BatchNormalization(name="bn")(skip)
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(normed),
+                       name="skip_and_batch_norm")
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_a_batch_of_0_rows_predicts_0_rows(rng, microbatches):
+    model = skip_and_batch_norm()
+    partitioned = multigpu.model_parallel(
+        model, split=[["d0"], ["skip", "bn", "head"]], microbatches=microbatches)
+    empty = np.zeros((0, 5), "float32")
+    assert partitioned.predict_on_batch(empty).shape == (0, 3)
+    x = rng.standard_normal((4, 5)).astype("float32")
+    np.testing.assert_allclose(partitioned.predict_on_batch(x),
+                               copy_of(model).predict_on_batch(x), atol=TOL)
+
+
 def test_fit_evaluate_and_template_hold_the_trained_weights(rng):
     model = deep_mlp()
     reference = copy_of(model)
