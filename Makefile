@@ -310,7 +310,8 @@ bench-quick: setup-python
 
 # The site: MkDocs pages (guides whose examples run now, the Python API from
 # the docstrings, the benchmarks) into out/site and, at the same time,
-# pkgdown's R reference and articles into out/pkgdown, moved to out/site/r;
+# pkgdown's R reference and articles into out/pkgdown (.ci/pkgdown-site.R:
+# the tier decides which R examples run), moved to out/site/r;
 # then the checks: every link and image, every public name documented, no R
 # example failed, and four pages in headless Chromium without console
 # errors.
@@ -319,7 +320,7 @@ docs: setup
 	rm -rf $(SITE) out/pkgdown
 	bash .ci/docs-assets.sh out/docs-assets
 	bash .ci/beside.sh "NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict" \
-	  "Rscript -e 'options(pkgdown.internet = FALSE); pkgdown::build_site(preview = FALSE)'"
+	  "Rscript .ci/pkgdown-site.R"
 	mv out/pkgdown $(SITE)/r
 	cp -r out/docs-assets/vendor $(SITE)/r/
 	$(PY) .ci/docs-check.py $(SITE)

@@ -4,6 +4,10 @@ evaluate/predict methods, optimizers, losses and metrics from keras3's
 constructors; see `tests/testthat/helper-scenarios-keras3.R`), embedded in
 this process, gives the numbers and the errors of its Python run
 (`compare_records` of `scenario_parity.py`, within `PARITY_TOLERANCE`).
+The full tier compares every scenario; the gate every invalid-input one and
+one of each pair of a recipe's valid ones (`parity_pairs`), while
+`test_scenario_python.py` and testthat's `test-scenarios.R` run every
+scenario in each language.
 
 Needs R with reticulate >= 1.42, keras3, tensorflow and tfdatasets:
 `make test-r-parity`, i.e. `R_LIBS=.r-lib .venv/bin/python -m pytest -q
@@ -18,7 +22,7 @@ import os
 import pytest
 
 from support.embedded_r import EmbeddedR
-from support.scenario_files import IDS, SCENARIO_DIR, SCENARIOS, error_step, speaks
+from support.scenario_files import SCENARIO_DIR, SCENARIOS, error_step, speaks
 from support.scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
 from support.scenario_runner import python_record
 
@@ -54,10 +58,44 @@ _largest = {}
 _python_worded = {}
 
 
-@pytest.mark.parametrize("scenario", [
-    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KERAS3_DEFECTS[n]))
-    if n in KERAS3_DEFECTS else s for s, n in zip(SCENARIOS, IDS)], ids=IDS)
-def test_parity_keras3(scenario, embedded_r_keras3, tmp_path_factory):
+def parity_pairs(scenarios):
+    """The parity run as a zoo: `(pair, member)` of each scenario, in order.
+
+    A recipe's valid scenarios are taken two at a time (a pair is a case,
+    its member the axis), so the gate compares one of each pair, in turn
+    with the rotation, and every recipe; an invalid-input scenario is a
+    case of its own, which the gate always compares (errors are cheap, and
+    every one must read in R).
+
+    Args:
+        scenarios: The scenario dicts, in file order.
+
+    Returns:
+        One `(pair, member)` per scenario, e.g. `("mlp-0", 1)`.
+    """
+    seen = {}
+    pairs = []
+    for scenario in scenarios:
+        if error_step(scenario) is not None:
+            pairs.append((scenario["name"], 0))
+            continue
+        count = seen.get(scenario["recipe"], 0)
+        seen[scenario["recipe"]] = count + 1
+        pairs.append((f"{scenario['recipe']}-{count // 2}", count % 2))
+    return pairs
+
+
+SCENARIO_OF_PAIR = dict(zip(parity_pairs(SCENARIOS), SCENARIOS))
+
+
+@pytest.mark.zoo(axes=("member",))
+@pytest.mark.parametrize("pair, member", [
+    pytest.param(*key, id=s["name"], marks=pytest.mark.xfail(
+        strict=True, reason=KERAS3_DEFECTS[s["name"]]))
+    if s["name"] in KERAS3_DEFECTS else pytest.param(*key, id=s["name"])
+    for key, s in SCENARIO_OF_PAIR.items()])
+def test_parity_keras3(pair, member, embedded_r_keras3, tmp_path_factory):
+    scenario = SCENARIO_OF_PAIR[pair, member]
     python = python_record(scenario, tmp_path_factory)
     r = embedded_r_keras3.run(SCENARIO_DIR / f"{scenario['name']}.json",
                               tmp_path_factory.mktemp(f"r3-{scenario['name']}"))

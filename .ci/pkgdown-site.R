@@ -1,0 +1,28 @@
+# The R site (pkgdown, into out/pkgdown) for `make docs`, in the tier that
+# MULTIGPU_TEST_TIER names (docs/ci.md). Both tiers knit every vignette and
+# article. The full tier runs the examples of every help topic; the gate,
+# those of every other topic, in turn along man/ with MULTIGPU_TEST_ROTATION
+# (the rotation of tests/testthat/helper-tiers.R), and shows the rest's code.
+# .ci/docs-check.py then fails on any example that printed an error.
+#
+#   MULTIGPU_TEST_TIER=full Rscript .ci/pkgdown-site.R
+source(file.path("tests", "testthat", "helper-tiers.R"))
+options(pkgdown.internet = FALSE)
+
+tier <- test_tier()
+if (tier == "full") {
+  pkgdown::build_site(preview = FALSE)
+} else {
+  rd <- list.files("man", pattern = "\\.Rd$", full.names = TRUE)
+  with_examples <- rd[vapply(rd, function(path) {
+    any(grepl("^\\\\examples\\{", readLines(path, warn = FALSE)))
+  }, logical(1))]
+  topics <- sort(sub("\\.Rd$", "", basename(with_examples)))
+  shown <- gate_engines(topics, c("run", "shown"), test_rotation())
+  run <- topics[vapply(shown, function(kinds) "run" %in% kinds, logical(1))]
+  pkgdown::build_site(preview = FALSE, examples = FALSE)
+  pkgdown::build_reference(topics = run, examples = TRUE, preview = FALSE)
+  message(sprintf(
+    "pkgdown: tier gate, rotation %d: ran the examples of %d of %d help topics (%s); MULTIGPU_TEST_TIER=full runs them all",
+    test_rotation(), length(run), length(topics), paste(run, collapse = ", ")))
+}
