@@ -9,8 +9,7 @@
 source(file.path("tests", "testthat", "helper-tiers.R"))
 options(pkgdown.internet = FALSE)
 
-tier <- test_tier()
-if (tier == "full") {
+if (test_tier() == "full") {
   pkgdown::build_site(preview = FALSE)
 } else {
   rd <- list.files("man", pattern = "\\.Rd$", full.names = TRUE)
@@ -18,8 +17,8 @@ if (tier == "full") {
     any(grepl("^\\\\examples\\{", readLines(path, warn = FALSE)))
   }, logical(1))]
   topics <- sort(sub("\\.Rd$", "", basename(with_examples)))
-  shown <- gate_engines(topics, c("run", "shown"), test_rotation())
-  run <- topics[vapply(shown, function(kinds) "run" %in% kinds, logical(1))]
+  kinds_of_topic <- gate_engines(topics, c("run", "shown"), test_rotation())
+  run <- topics[vapply(kinds_of_topic, function(kinds) "run" %in% kinds, logical(1))]
   pkgdown::build_site(preview = FALSE, examples = FALSE)
   pkgdown::build_reference(topics = run, examples = TRUE, preview = FALSE)
   message(sprintf(

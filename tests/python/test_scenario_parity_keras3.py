@@ -90,9 +90,9 @@ SCENARIO_OF_PAIR = dict(zip(parity_pairs(SCENARIOS), SCENARIOS))
 
 @pytest.mark.zoo(axes=("member",))
 @pytest.mark.parametrize("pair, member", [
-    pytest.param(*key, id=s["name"], marks=pytest.mark.xfail(
-        strict=True, reason=KERAS3_DEFECTS[s["name"]]))
-    if s["name"] in KERAS3_DEFECTS else pytest.param(*key, id=s["name"])
+    pytest.param(*key, id=s["name"], marks=[
+        pytest.mark.xfail(strict=True, reason=KERAS3_DEFECTS[s["name"]])
+    ] if s["name"] in KERAS3_DEFECTS else [])
     for key, s in SCENARIO_OF_PAIR.items()])
 def test_parity_keras3(pair, member, embedded_r_keras3, tmp_path_factory):
     scenario = SCENARIO_OF_PAIR[pair, member]

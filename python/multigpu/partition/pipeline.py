@@ -55,11 +55,10 @@ def rows_known_when_run(x):
     >>> rows_known_when_run(tf.zeros((2, 3))).shape
     TensorShape([2, 3])
     """
-    if tf.executing_eagerly() or x.shape.rank is None or x.shape.rank == 0:
+    if tf.executing_eagerly() or not x.shape.rank or x.shape[0] != 0:
         return x
-    if x.shape[0] != 0:
-        return x
-    return tf.raw_ops.PlaceholderWithDefault(input=x, shape=tf.TensorShape([None]).concatenate(x.shape[1:]))
+    unknown_rows = tf.TensorShape([None]).concatenate(x.shape[1:])
+    return tf.raw_ops.PlaceholderWithDefault(input=x, shape=unknown_rows)
 
 
 class StagePlan:
