@@ -301,8 +301,8 @@ bench: setup-python
 # hand, R): the other engines run the same worker code.
 bench-quick: setup-python
 	$(START)
-	$(PY) -m bench.lockstep --quick --configs plain,default,mirrored_by_hand,r \
-	  --output out/bench-quick
+	$(PY) -m bench.lockstep --quick --rounds 1 \
+	  --configs plain,default,mirrored_by_hand,r --output out/bench-quick
 	$(PY) -m bench.jax_throughput --quick --output out/bench-quick/jax-throughput
 	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
 	  tests/python/test_bench.py

@@ -297,6 +297,9 @@ def test_threads_zero_keeps_tensorflows_one_shared_pool():
     assert inherited["threads"] == shared["threads"]
 
 
+# Two more fresh TensorFlow processes for the settings a program makes
+# before multigpu: the full tier's (the gate checks the pools above).
+@pytest.mark.full
 def test_threads_the_program_set_are_kept_per_device():
     from_api = thread_pools(
         2, None, before="tf.config.threading.set_intra_op_parallelism_threads(3)")

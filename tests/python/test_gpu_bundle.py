@@ -21,6 +21,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu-bundle.py"
 LIMIT_MIB = 32
@@ -107,6 +109,9 @@ def _image(venv):
     return python
 
 
+# Builds a bundle and installs it with pip, about a minute on 2 cores: the
+# full tier's.
+@pytest.mark.full
 def test_the_offline_bundle_installs_beside_jax_and_trains(tmp_path):
     bundle = tmp_path / "bundle"
     listing = _bundle(bundle)

@@ -90,3 +90,27 @@ zoo_engines <- function(zoo, case) {
   if (test_tier() == "full") return(spec$engines)
   gate_engines(spec$cases, spec$engines, test_rotation())[[case]]
 }
+
+# The shared scenarios the gate runs with the R API, as the R parity step
+# samples them (parity_pairs() in tests/python/test_scenario_parity_keras3.py):
+# a recipe's valid scenarios, two at a time, make a pair whose members the
+# gate runs in turn; an invalid-input scenario, cheap, always runs. `files`
+# in the full tier. A character vector, in the order of `files`.
+gate_scenario_files <- function(files, turn = test_rotation()) {
+  if (test_tier() == "full") return(files)
+  seen <- list()
+  cases <- vapply(files, function(path) {
+    scenario <- jsonlite::fromJSON(path, simplifyVector = FALSE)
+    if (any(vapply(scenario$steps, function(step) !is.null(step$error), logical(1)))) {
+      return(basename(path))
+    }
+    count <- seen[[scenario$recipe]] %||% 0L
+    seen[[scenario$recipe]] <<- count + 1L
+    sprintf("%s-%d", scenario$recipe, count %/% 2L)
+  }, character(1), USE.NAMES = FALSE)
+  chosen <- unlist(lapply(seq_along(unique(cases)) - 1L, function(i) {
+    members <- which(cases == unique(cases)[[i + 1L]])
+    members[(i + turn) %% length(members) + 1L]
+  }))
+  files[sort(chosen)]
+}

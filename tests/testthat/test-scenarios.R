@@ -13,9 +13,27 @@ test_that("the scenario files parse, with steps and one recipe each", {
   }
 })
 
+test_that("the gate runs every recipe and every invalid input, whatever the rotation", {
+  files <- scenario_files_for("tensorflow")
+  recipe <- function(paths) vapply(paths, function(path) read_scenario(path)$recipe, "")
+  invalid <- files[vapply(files, function(path) {
+    any(vapply(read_scenario(path)$steps, function(step) !is.null(step$error), TRUE))
+  }, TRUE)]
+  withr::local_envvar(MULTIGPU_TEST_TIER = "gate")
+  for (turn in 0:3) {
+    gate <- gate_scenario_files(files, turn)
+    expect_setequal(unique(recipe(gate)), unique(recipe(files)))
+    expect_true(all(invalid %in% gate))
+    expect_lt(length(gate), length(files))
+  }
+  withr::local_envvar(MULTIGPU_TEST_TIER = "full")
+  expect_identical(gate_scenario_files(files), files)
+})
+
 # This process runs Keras on TensorFlow; the scenarios that also apply on
-# JAX run there in test-jax.R's R process.
-for (path in scenario_files_for("tensorflow")) {
+# JAX run there in test-jax.R's R process. The gate runs its sample of them
+# (gate_scenario_files() in helper-tiers.R), the full tier all.
+for (path in gate_scenario_files(scenario_files_for("tensorflow"))) {
   local({
     path <- path
     scenario <- read_scenario(path)

@@ -78,29 +78,30 @@ def _scenario(tmp_path, path, save_freq, plan):
     return out
 
 
-# One test per training path, so that parallel test workers share them out.
-# Every SIGKILL point on every path is the full tier's; the gate kills the
-# first path (and test_checkpoints.py kills a run mid-epoch).
-@pytest.mark.parametrize("path", [
-    pytest.param(path, marks=() if i == 0 else pytest.mark.full)
-    for i, path in enumerate(PATHS)])
-def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(tmp_path, path):
+# One test per training path and checkpoint frequency, so that parallel
+# test workers share them out. The gate stops the first path with epoch
+# checkpoints (SIGKILL inside a file write, then SIGUSR1 mid-epoch); batch
+# checkpoints and the other paths are the full tier's (test_checkpoints.py
+# SIGKILLs a run mid-epoch in the gate).
+@pytest.mark.parametrize("path, save_freq", [
+    pytest.param(path, freq, marks=() if (path, freq) == (PATHS[0], "epoch")
+                 else pytest.mark.full)
+    for path in PATHS for freq in FREQUENCIES])
+def test_killed_anywhere_twice_resumes_to_the_uninterrupted_weights(
+        tmp_path, path, save_freq):
     rng = np.random.default_rng([SEED, PATHS.index(path)])
-    plans = {freq: _kill_plan(rng, freq) for freq in FREQUENCIES}
+    plan = {freq: _kill_plan(rng, freq) for freq in FREQUENCIES}[save_freq]
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         unbroken = pool.submit(_run, path, "epoch", tmp_path / "unbroken",
                                tmp_path / "unbroken.npz")
-        resumed = {freq: pool.submit(_scenario, tmp_path, path, freq, plan)
-                   for freq, plan in plans.items()}
+        resumed = _scenario(tmp_path, path, save_freq, plan)
         code, stderr = unbroken.result()
-        assert code == 0, stderr[-2000:]
-        want = np.load(tmp_path / "unbroken.npz")
-        for freq, future in resumed.items():
-            got = np.load(future.result())
-            for key in want:
-                np.testing.assert_allclose(
-                    got[key], want[key], atol=1e-6, rtol=0,
-                    err_msg=f"{path}, save_freq={freq}, kills {plans[freq]}")
+    assert code == 0, stderr[-2000:]
+    want, got = np.load(tmp_path / "unbroken.npz"), np.load(resumed)
+    for key in want:
+        np.testing.assert_allclose(
+            got[key], want[key], atol=1e-6, rtol=0,
+            err_msg=f"{path}, save_freq={save_freq}, kills {plan}")
 
 
 @pytest.mark.slow

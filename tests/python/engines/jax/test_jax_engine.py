@@ -80,6 +80,8 @@ def test_virtual_devices_refuses_what_jax_cannot_do(argument, value):
         multigpu.virtual_devices(4, **kwargs)
 
 
+# Each batch shape once in the gate, with the optimizers taken in turn.
+@pytest.mark.zoo(axes=("optimizer",))
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("rows, batch_size, devices", [
     (48, 16, 4),  # even: 4 rows per device
