@@ -5,9 +5,9 @@ constructors; see `tests/testthat/helper-scenarios-keras3.R`), embedded in
 this process, gives the numbers and the errors of its Python run
 (`compare_records` of `scenario_parity.py`, within `PARITY_TOLERANCE`).
 The full tier compares every scenario; the gate every invalid-input one and
-one of each pair of a recipe's valid ones (`parity_pairs`), while
-`test_scenario_python.py` and testthat's `test-scenarios.R` run every
-scenario in each language.
+one of each pair of a recipe's valid ones (`parity_pairs`), and testthat's
+`test-scenarios.R` runs the other one of each pair with multigpu's own R
+API, so that every scenario runs in R in the gate.
 
 Needs R with reticulate >= 1.42, keras3, tensorflow and tfdatasets:
 `make test-r-parity`, i.e. `R_LIBS=.r-lib .venv/bin/python -m pytest -q
@@ -17,10 +17,13 @@ keras3 changes S3 dispatch for the whole R session. `MULTIGPU_SKIP_R=1`
 skips it.
 """
 
+import json
 import os
+import subprocess
 
 import pytest
 
+from support import tiers
 from support.embedded_r import EmbeddedR
 from support.scenario_files import SCENARIO_DIR, SCENARIOS, error_step, speaks
 from support.scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
@@ -107,6 +110,34 @@ def test_parity_keras3(pair, member, embedded_r_keras3, tmp_path_factory):
     _largest[scenario["name"]] = largest
     assert largest <= PARITY_TOLERANCE, (
         f"R (keras3) and Python differ by {largest:.3g} (> {PARITY_TOLERANCE})")
+
+
+@pytest.mark.parametrize("turn", [0, 1, 2])
+def test_the_r_apis_gate_runs_the_scenarios_this_gate_leaves_out(turn):
+    """The gate's two R runs of the scenarios (this one through keras3,
+    testthat's through multigpu's R API) together run every scenario, in
+    every rotation."""
+    items = [{"pair": pair, "member": str(member)}
+             for pair, member in parity_pairs(SCENARIOS)]
+    here = {SCENARIOS[i]["name"]
+            for i in tiers.gate_sample(items, ("member",), turn)}
+    testthat = os.path.join(os.path.dirname(SCENARIO_DIR), "testthat")
+    script = f"""
+        `%||%` <- function(x, y) if (is.null(x)) y else x
+        for (helper in c("helper-tiers.R", "helper-scenarios.R")) {{
+          source(file.path({json.dumps(testthat)}, helper))
+        }}
+        files <- scenario_files_for("tensorflow", {json.dumps(str(SCENARIO_DIR))})
+        gate <- gate_scenario_files(files, {turn}L)
+        cat(jsonlite::toJSON(sub("[.]json$", "", basename(gate))))
+    """
+    done = subprocess.run(["Rscript", "-e", script], capture_output=True,
+                          text=True, timeout=120,
+                          env=dict(os.environ, MULTIGPU_TEST_TIER="gate"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    there = set(json.loads(done.stdout))
+    assert len(there) < len(SCENARIOS) and len(here) < len(SCENARIOS)
+    assert {s["name"] for s in SCENARIOS} - here - there == set()
 
 
 def test_keras3_errors_read_in_r():

@@ -40,8 +40,10 @@ scenario_dir <- function() {
   normalizePath(found[[1]])
 }
 
+# In C-locale order, as Python sorts them (the gate's sample pairs them in
+# this order, in both languages).
 scenario_files <- function(dir = scenario_dir()) {
-  sort(list.files(dir, pattern = "[.]json$", full.names = TRUE))
+  sort(list.files(dir, pattern = "[.]json$", full.names = TRUE), method = "radix")
 }
 
 # The Keras backends a scenario applies to: its "backends" list, TensorFlow

@@ -91,10 +91,12 @@ zoo_engines <- function(zoo, case) {
   gate_engines(spec$cases, spec$engines, test_rotation())[[case]]
 }
 
-# The shared scenarios the gate runs with the R API, as the R parity step
-# samples them (parity_pairs() in tests/python/test_scenario_parity_keras3.py):
-# a recipe's valid scenarios, two at a time, make a pair whose members the
-# gate runs in turn; an invalid-input scenario, cheap, always runs. `files`
+# The shared scenarios the gate runs with multigpu's R API: the ones the R
+# parity step's gate leaves out (parity_pairs() in
+# tests/python/test_scenario_parity_keras3.py, which checks that the two
+# together run every scenario). A recipe's valid scenarios, two at a time,
+# make a pair: the parity step runs member (i + turn) mod k of pair i, this
+# run the other one; an invalid-input scenario, cheap, runs in both. `files`
 # in the full tier. A character vector, in the order of `files`.
 gate_scenario_files <- function(files, turn = test_rotation()) {
   if (test_tier() == "full") return(files)
@@ -110,7 +112,7 @@ gate_scenario_files <- function(files, turn = test_rotation()) {
   }, character(1), USE.NAMES = FALSE)
   chosen <- unlist(lapply(seq_along(unique(cases)) - 1L, function(i) {
     members <- which(cases == unique(cases)[[i + 1L]])
-    members[(i + turn) %% length(members) + 1L]
+    members[(i + turn + 1L) %% length(members) + 1L]
   }))
   files[sort(chosen)]
 }
