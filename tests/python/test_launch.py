@@ -102,6 +102,7 @@ def test_a_stopped_worker_is_named_and_all_are_killed(capfd):
     assert running("mw_stop.py") == []
 
 
+@pytest.mark.full  # a fault in depth: the gate stops a worker just above
 def test_a_failure_while_a_worker_is_stopped_names_the_stopped_one():
     with pytest.raises(launch.LaunchError) as raised:
         launch.launch(script("mw_stop.py"), ["peer-fails"], workers=2,

@@ -5,7 +5,7 @@ constructors; see `tests/testthat/helper-scenarios-keras3.R`), embedded in
 this process, gives the numbers and the errors of its Python run
 (`compare_records` of `scenario_parity.py`, within `PARITY_TOLERANCE`).
 The full tier compares every scenario; the gate every invalid-input one and
-one of each pair of a recipe's valid ones (`parity_pairs`), and testthat's
+one of each pair of a recipe's valid ones (`scenario_pairs`), and testthat's
 `test-scenarios.R` runs the other one of each pair with multigpu's own R
 API, so that every scenario runs in R in the gate.
 
@@ -25,7 +25,13 @@ import pytest
 
 from support import tiers
 from support.embedded_r import EmbeddedR
-from support.scenario_files import SCENARIO_DIR, SCENARIOS, error_step, speaks
+from support.scenario_files import (
+    SCENARIO_DIR,
+    SCENARIOS,
+    error_step,
+    scenario_pairs,
+    speaks,
+)
 from support.scenario_parity import PARITY_TOLERANCE, compare_records, parity_summary
 from support.scenario_runner import python_record
 
@@ -61,34 +67,7 @@ _largest = {}
 _python_worded = {}
 
 
-def parity_pairs(scenarios):
-    """The parity run as a zoo: `(pair, member)` of each scenario, in order.
-
-    A recipe's valid scenarios are taken two at a time (a pair is a case,
-    its member the axis), so the gate compares one of each pair, in turn
-    with the rotation, and every recipe; an invalid-input scenario is a
-    case of its own, which the gate always compares (errors are cheap, and
-    every one must read in R).
-
-    Args:
-        scenarios: The scenario dicts, in file order.
-
-    Returns:
-        One `(pair, member)` per scenario, e.g. `("mlp-0", 1)`.
-    """
-    seen = {}
-    pairs = []
-    for scenario in scenarios:
-        if error_step(scenario) is not None:
-            pairs.append((scenario["name"], 0))
-            continue
-        count = seen.get(scenario["recipe"], 0)
-        seen[scenario["recipe"]] = count + 1
-        pairs.append((f"{scenario['recipe']}-{count // 2}", count % 2))
-    return pairs
-
-
-SCENARIO_OF_PAIR = dict(zip(parity_pairs(SCENARIOS), SCENARIOS))
+SCENARIO_OF_PAIR = dict(zip(scenario_pairs(SCENARIOS), SCENARIOS))
 
 
 @pytest.mark.zoo(axes=("member",))
@@ -118,7 +97,7 @@ def test_the_r_apis_gate_runs_the_scenarios_this_gate_leaves_out(turn):
     testthat's through multigpu's R API) together run every scenario, in
     every rotation."""
     items = [{"pair": pair, "member": str(member)}
-             for pair, member in parity_pairs(SCENARIOS)]
+             for pair, member in scenario_pairs(SCENARIOS)]
     here = {SCENARIOS[i]["name"]
             for i in tiers.gate_sample(items, ("member",), turn)}
     testthat = os.path.join(os.path.dirname(SCENARIO_DIR), "testthat")

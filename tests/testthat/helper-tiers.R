@@ -92,8 +92,8 @@ zoo_engines <- function(zoo, case) {
 }
 
 # The shared scenarios the gate runs with multigpu's R API: the ones the R
-# parity step's gate leaves out (parity_pairs() in
-# tests/python/test_scenario_parity_keras3.py, which checks that the two
+# parity step's gate leaves out (scenario_pairs() in
+# tests/python/support/scenario_files.py; test_scenario_parity_keras3.py checks that the two
 # together run every scenario). A recipe's valid scenarios, two at a time,
 # make a pair: the parity step runs member (i + turn) mod k of pair i, this
 # run the other one; an invalid-input scenario, cheap, runs in both. `files`

@@ -72,5 +72,32 @@ def error_step(scenario):
     return marked[0] if marked else None
 
 
+def scenario_pairs(scenarios):
+    """The scenarios as a zoo: `(pair, member)` of each scenario, in order.
+
+    A recipe's valid scenarios are taken two at a time (a pair is a case,
+    its member the axis), so the gate runs one of each pair, in turn
+    with the rotation, and every recipe; an invalid-input scenario is a
+    case of its own, which the gate always runs (errors are cheap, and
+    every one must read in R).
+
+    Args:
+        scenarios: The scenario dicts, in file order.
+
+    Returns:
+        One `(pair, member)` per scenario, e.g. `("mlp-0", 1)`.
+    """
+    seen = {}
+    pairs = []
+    for scenario in scenarios:
+        if error_step(scenario) is not None:
+            pairs.append((scenario["name"], 0))
+            continue
+        count = seen.get(scenario["recipe"], 0)
+        seen[scenario["recipe"]] = count + 1
+        pairs.append((f"{scenario['recipe']}-{count // 2}", count % 2))
+    return pairs
+
+
 SCENARIOS = [load_scenario(p) for p in scenario_paths()]
 IDS = [s["name"] for s in SCENARIOS]

@@ -1,10 +1,13 @@
 """The shared scenarios that apply on JAX, run on both backends and compared.
 
 Every scenario whose `backends` name JAX (tests/scenarios/README.md) runs
-here, on the JAX backend, with the Python runner
+here in the full tier, and in the gate every invalid-input one and one of
+each pair of a recipe's valid ones, in turn (`scenario_pairs`), on the JAX
+backend, with the Python runner
 (`support.scenario_runner.PythonRun`): its steps run and its expectations
 hold, as they read on JAX (`scenario_runner.on_backend`). One process on
-TensorFlow, started once for the module, runs the same scenarios with the
+TensorFlow, started once for the module, runs the scenarios this session
+runs with the
 same runner meanwhile (`support.scenario_backends.TensorFlowRuns`), and
 each JAX record must equal the TensorFlow one: initial weights,
 predictions, losses, metrics and final weights within 1e-5, and an invalid
@@ -28,18 +31,24 @@ from support.scenario_backends import (
     compare_backends,
     jax_scenarios,
 )
-from support.scenario_files import error_step
+from support.scenario_files import error_step, scenario_pairs
 from support.scenario_runner import PythonRun
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 SCENARIOS = jax_scenarios()
+SCENARIO_OF_PAIR = dict(zip(scenario_pairs(SCENARIOS), SCENARIOS))
+TEST = "test_a_scenario_on_jax_equals_its_tensorflow_run"
 
 
 @pytest.fixture(scope="module")
-def tensorflow_runs(tmp_path_factory):
-    runs = TensorFlowRuns([s["name"] for s in SCENARIOS],
-                          tmp_path_factory.mktemp("tensorflow"))
+def tensorflow_runs(request, tmp_path_factory):
+    # The scenarios of the items this session kept (the gate's sample, or
+    # the ones named), in their order.
+    names = [SCENARIO_OF_PAIR[item.callspec.params["pair"],
+                              item.callspec.params["member"]]["name"]
+             for item in request.session.items if item.originalname == TEST]
+    runs = TensorFlowRuns(names, tmp_path_factory.mktemp("tensorflow"))
     yield runs
     runs.close()
 
@@ -51,9 +60,12 @@ def test_the_scenarios_on_jax_cover_each_kind():
             "siamese_outputs"} <= {s["recipe"] for s in valid}
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
-def test_a_scenario_on_jax_equals_its_tensorflow_run(scenario, tensorflow_runs,
-                                                     tmp_path):
+@pytest.mark.zoo(axes=("member",))
+@pytest.mark.parametrize("pair, member", [
+    pytest.param(*key, id=s["name"]) for key, s in SCENARIO_OF_PAIR.items()])
+def test_a_scenario_on_jax_equals_its_tensorflow_run(pair, member,
+                                                     tensorflow_runs, tmp_path):
+    scenario = SCENARIO_OF_PAIR[pair, member]
     jax_record = PythonRun(scenario, tmp_path).execute()
     largest, compared = compare_backends(tensorflow_runs.record(scenario["name"]),
                                          jax_record)
