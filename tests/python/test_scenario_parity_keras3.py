@@ -96,9 +96,9 @@ def test_the_r_apis_gate_runs_the_scenarios_this_gate_leaves_out(turn):
     """The gate's two R runs of the scenarios (this one through keras3,
     testthat's through multigpu's R API) together run every scenario, in
     every rotation."""
-    items = [{"pair": pair, "member": str(member)}
-             for pair, member in scenario_pairs(SCENARIOS)]
-    here = {SCENARIOS[i]["name"]
+    keys = list(SCENARIO_OF_PAIR)
+    items = [{"pair": pair, "member": str(member)} for pair, member in keys]
+    here = {SCENARIO_OF_PAIR[keys[i]]["name"]
             for i in tiers.gate_sample(items, ("member",), turn)}
     testthat = os.path.join(os.path.dirname(SCENARIO_DIR), "testthat")
     script = f"""

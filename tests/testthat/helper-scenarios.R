@@ -46,6 +46,12 @@ scenario_files <- function(dir = scenario_dir()) {
   sort(list.files(dir, pattern = "[.]json$", full.names = TRUE), method = "radix")
 }
 
+# Whether a scenario checks an invalid input: one of its steps expects an
+# error.
+invalid_input_scenario <- function(scenario) {
+  any(vapply(scenario$steps, function(step) !is.null(step$error), logical(1)))
+}
+
 # The Keras backends a scenario applies to: its "backends" list, TensorFlow
 # alone when it has none.
 scenario_backends <- function(scenario) {

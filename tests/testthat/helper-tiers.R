@@ -93,26 +93,25 @@ zoo_engines <- function(zoo, case) {
 
 # The shared scenarios the gate runs with multigpu's R API: the ones the R
 # parity step's gate leaves out (scenario_pairs() in
-# tests/python/support/scenario_files.py; test_scenario_parity_keras3.py checks that the two
-# together run every scenario). A recipe's valid scenarios, two at a time,
-# make a pair: the parity step runs member (i + turn) mod k of pair i, this
-# run the other one; an invalid-input scenario, cheap, runs in both. `files`
-# in the full tier. A character vector, in the order of `files`.
+# tests/python/support/scenario_files.py; test_scenario_parity_keras3.py
+# checks that the two together run every scenario). A recipe's valid
+# scenarios, two at a time, make a pair: the parity step runs member
+# (i + turn) mod k of pair i, this run the other one; an invalid-input
+# scenario, cheap, runs in both. `files` in the full tier. A character
+# vector, in the order of `files`.
 gate_scenario_files <- function(files, turn = test_rotation()) {
   if (test_tier() == "full") return(files)
   seen <- list()
   cases <- vapply(files, function(path) {
     scenario <- jsonlite::fromJSON(path, simplifyVector = FALSE)
-    if (any(vapply(scenario$steps, function(step) !is.null(step$error), logical(1)))) {
-      return(basename(path))
-    }
+    if (invalid_input_scenario(scenario)) return(basename(path))
     count <- seen[[scenario$recipe]] %||% 0L
     seen[[scenario$recipe]] <<- count + 1L
     sprintf("%s-%d", scenario$recipe, count %/% 2L)
   }, character(1), USE.NAMES = FALSE)
-  chosen <- unlist(lapply(seq_along(unique(cases)) - 1L, function(i) {
-    members <- which(cases == unique(cases)[[i + 1L]])
+  pairs <- split(seq_along(files), factor(cases, levels = unique(cases)))
+  chosen <- unlist(Map(function(members, i) {
     members[(i + turn + 1L) %% length(members) + 1L]
-  }))
+  }, pairs, seq_along(pairs) - 1L))
   files[sort(chosen)]
 }
