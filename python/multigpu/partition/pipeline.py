@@ -34,33 +34,6 @@ def _device_pass():
     return device_pass
 
 
-def rows_known_when_run(x):
-    """`x`, with a static batch of 0 rows made unknown to the traced graph.
-
-    Keras's TensorFlow ops read a static dimension of 0 as broadcastable:
-    `Add` takes a `(0, n)` operand for a bias and BatchNormalization matches
-    its moments against it, and tracing fails. With the row count known only
-    when the step runs, an empty batch takes the path every other batch
-    takes. Any other tensor, and every tensor outside a traced function,
-    comes back as it is.
-
-    Args:
-        x: A tensor whose first dimension is the batch.
-
-    Returns:
-        `x`, or an identity of it whose static first dimension is `None`.
-
-    Example:
-
-    >>> rows_known_when_run(tf.zeros((2, 3))).shape
-    TensorShape([2, 3])
-    """
-    if tf.executing_eagerly() or not x.shape.rank or x.shape[0] != 0:
-        return x
-    unknown_rows = tf.TensorShape([None]).concatenate(x.shape[1:])
-    return tf.raw_ops.PlaceholderWithDefault(input=x, shape=unknown_rows)
-
-
 class StagePlan:
     """Nodes of each stage and the tensors that cross stage boundaries.
 
@@ -245,10 +218,39 @@ class Stages(TemplateLayer):
                               _forward().with_logits(outputs, logits_at)))
         return [values[id(x)] for x in plan.graph.outputs]
 
+    def _run_on_at_least_one_row(self, flat_inputs, training):
+        """The stages on the whole batch, one row of zeros added to a batch
+        with none.
+
+        Keras's TensorFlow ops fail on a batch of 0 rows: traced with a
+        static 0, `Add` takes the operand for a bias and BatchNormalization
+        matches its moments against it; at run time oneDNN's kernels
+        (TensorFlow's default on CPUs with AVX512_VNNI, AVX512_BF16 or AMX)
+        report "Incompatible shapes: [3] vs. [0,6,6,2]" inside
+        BatchNormalization after a convolution. A batch whose rows are
+        not known to be there runs on its rows and a row of zeros when it
+        has none (a concatenation of no rows otherwise, and no `tf.cond`,
+        which would keep the layers' losses inside a branch); the outputs
+        are cut back to the batch's rows. Keras's `fit` never makes a
+        training batch of 0 rows; the micro-batched pipeline runs an empty
+        micro-batch in inference mode instead
+        (`forward.inference_on_empty_share`).
+        """
+        if flat_inputs[0].shape[0]:
+            return self._run(flat_inputs, training)
+        with tf.device(HOST_DEVICE):
+            rows = tf.shape(flat_inputs[0])[0]
+            missing = 1 - tf.minimum(rows, 1)
+            padded = [_forward().padded_rows(x, missing) for x in flat_inputs]
+        outputs = self._run(padded, training)
+        with tf.device(self.devices[-1]):
+            return [_forward().leading_rows_with_logits(y, rows)
+                    for y in outputs]
+
     def call(self, inputs, training=None):
         flat = keras.tree.flatten(inputs)
         if self.microbatches == 1:
-            merged = self._run([rows_known_when_run(x) for x in flat], training)
+            merged = self._run_on_at_least_one_row(flat, training)
         else:
             with tf.device(HOST_DEVICE):
                 bounds = _forward().split_bounds(

@@ -317,7 +317,7 @@ def padded_on_empty_share(forward, layout, hold_empty_writes=True):
         before = _stored_values()
         token = valid_rows.set(rows)
         try:
-            outputs = forward(*[_padded(x, missing) for x in inputs])
+            outputs = forward(*[padded_rows(x, missing) for x in inputs])
         finally:
             valid_rows.reset(token)
         outputs = list(outputs)
@@ -342,13 +342,25 @@ def _where(condition, value, old):
     return value if old is None else tf.where(condition, value, old)
 
 
-def _padded(tensor, missing):
+def padded_rows(tensor, missing):
     """`tensor` with `missing` (0 or 1) rows of zeros after its rows.
 
     A concatenation, not `tf.pad`: oneDNN fuses a `Pad` whose paddings are
     computed in the graph into the convolution after it, and the fused
     kernel then reads zero rows ("Matrix size-incompatible: In[0]: [0,1]"
     in the layer after the convolution, TensorFlow 2.21 on CPU).
+
+    Args:
+        tensor: A tensor whose first dimension is the batch.
+        missing: A scalar int32 tensor, 0 or 1: the rows to add.
+
+    Returns:
+        The concatenation (traced, its static first dimension is unknown).
+
+    Example:
+
+    >>> padded_rows(tf.zeros((0, 3)), tf.constant(1)).shape
+    TensorShape([1, 3])
     """
     shape = tf.concat([[missing], tf.shape(tensor)[1:]], axis=0)
     if tensor.dtype == tf.string:
@@ -430,6 +442,24 @@ def with_logits(flat_outputs, logits_at):
         except AttributeError:  # eager tensors take no attributes
             pass
     return values
+
+
+def leading_rows_with_logits(tensor, rows):
+    """The first `rows` rows of an output, the logits Keras attached to it
+    cut the same way.
+
+    Args:
+        tensor: An output of a model (a batch first).
+        rows: A scalar int32 tensor, at most the tensor's row count.
+
+    Returns:
+        The cut tensor, carrying the cut logits when `tensor` had them.
+    """
+    cut = tensor[:rows]
+    logits = internals.logits_of(tensor)
+    if logits is None:
+        return cut
+    return with_logits([cut, logits[:rows]], [0])[0]
 
 
 def concat_with_logits(parts):
