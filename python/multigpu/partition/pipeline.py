@@ -239,9 +239,7 @@ class Stages(TemplateLayer):
         if flat_inputs[0].shape[0]:
             return self._run(flat_inputs, training)
         with tf.device(HOST_DEVICE):
-            rows = tf.shape(flat_inputs[0])[0]
-            missing = 1 - tf.minimum(rows, 1)
-            padded = [_forward().padded_rows(x, missing) for x in flat_inputs]
+            rows, padded = _forward().padded_to_one_row(flat_inputs)
         outputs = self._run(padded, training)
         with tf.device(self.devices[-1]):
             return [_forward().leading_rows_with_logits(y, rows)

@@ -312,12 +312,11 @@ def padded_on_empty_share(forward, layout, hold_empty_writes=True):
         if known:
             # Every share has rows: nothing to pad.
             return forward(*inputs)
-        rows = tf.shape(inputs[0])[0]
-        missing = 1 - tf.minimum(rows, 1)
+        rows, padded_inputs = padded_to_one_row(inputs)
         before = _stored_values()
         token = valid_rows.set(rows)
         try:
-            outputs = forward(*[padded_rows(x, missing) for x in inputs])
+            outputs = forward(*padded_inputs)
         finally:
             valid_rows.reset(token)
         outputs = list(outputs)
@@ -342,25 +341,35 @@ def _where(condition, value, old):
     return value if old is None else tf.where(condition, value, old)
 
 
-def padded_rows(tensor, missing):
+def padded_to_one_row(inputs):
+    """Inputs of one batch, a row of zeros after each when the batch has none.
+
+    Args:
+        inputs: Tensors whose first dimension is the batch, the same rows.
+
+    Returns:
+        `(rows, padded)`: the batch's row count (a scalar int32 tensor) and
+        the inputs with one row of zeros added when it is 0, none otherwise
+        (traced, their static first dimension is unknown).
+
+    Example:
+
+    >>> rows, padded = padded_to_one_row([tf.zeros((0, 3))])
+    >>> int(rows), padded[0].shape
+    (0, TensorShape([1, 3]))
+    """
+    rows = tf.shape(inputs[0])[0]
+    missing = 1 - tf.minimum(rows, 1)
+    return rows, [_padded(x, missing) for x in inputs]
+
+
+def _padded(tensor, missing):
     """`tensor` with `missing` (0 or 1) rows of zeros after its rows.
 
     A concatenation, not `tf.pad`: oneDNN fuses a `Pad` whose paddings are
     computed in the graph into the convolution after it, and the fused
     kernel then reads zero rows ("Matrix size-incompatible: In[0]: [0,1]"
     in the layer after the convolution, TensorFlow 2.21 on CPU).
-
-    Args:
-        tensor: A tensor whose first dimension is the batch.
-        missing: A scalar int32 tensor, 0 or 1: the rows to add.
-
-    Returns:
-        The concatenation (traced, its static first dimension is unknown).
-
-    Example:
-
-    >>> padded_rows(tf.zeros((0, 3)), tf.constant(1)).shape
-    TensorShape([1, 3])
     """
     shape = tf.concat([[missing], tf.shape(tensor)[1:]], axis=0)
     if tensor.dtype == tf.string:
