@@ -296,13 +296,16 @@ bench: setup-python
 # The harness runs once so it never rots: it must run and write its outputs
 # (out/bench-quick), and so must the JAX study (its workers on JAX), which
 # test_bench.py's bench_quick tests then check (they run here, not in
-# test-python); the numbers are not checked. One configuration per kind of
-# worker (plain Keras, multi_gpu_model with its twin, MirroredStrategy by
-# hand, R): the other engines run the same worker code.
+# test-python); the numbers are not checked. In the full tier, one
+# configuration per kind of worker (plain Keras, multi_gpu_model with its
+# twin, MirroredStrategy by hand, R): the other engines run the same worker
+# code; the gate runs the first two, which every comparison needs.
+BENCH_QUICK_CONFIGS = $(if $(filter full,$(TIER)),plain$(comma)default$(comma)mirrored_by_hand$(comma)r,plain$(comma)default)
+comma := ,
 bench-quick: setup-python
 	$(START)
 	$(PY) -m bench.lockstep --quick --rounds 1 \
-	  --configs plain,default,mirrored_by_hand,r --output out/bench-quick
+	  --configs $(BENCH_QUICK_CONFIGS) --output out/bench-quick
 	$(PY) -m bench.jax_throughput --quick --output out/bench-quick/jax-throughput
 	MULTIGPU_BENCH_QUICK_OUTPUT=out/bench-quick $(PY) -m pytest -q -m bench_quick \
 	  tests/python/test_bench.py

@@ -362,6 +362,8 @@ def _case_row(module, case, rounds=3):
     return row, first
 
 
+# Full tier: a study's plumbing; bench-quick runs the lockstep harness in the gate.
+@pytest.mark.full
 def test_the_sync_batchnorm_cost_pairs_the_two_settings():
     # Both settings are built from the same weights and the row reports
     # both and their ratio (never how fast they ran).

@@ -289,6 +289,8 @@ def test_threads_default_to_each_devices_share_of_the_cores():
     assert shared["own"] == "1"
 
 
+# Full tier: a fresh process per setting; the gate checks the default and the pools.
+@pytest.mark.full
 def test_threads_zero_keeps_tensorflows_one_shared_pool():
     shared = thread_pools(2, 0)
     assert (shared["intra"], shared["own"]) == (0, None)
@@ -333,6 +335,8 @@ def _virtual_devices_in_a_fresh_process(code):
     return result.stderr
 
 
+# Full tier: a warning in a fresh process; the gate runs the pools' own test.
+@pytest.mark.full
 def test_far_more_devices_than_cores_warn_once():
     from multigpu import devices
     many = devices.OVERSUBSCRIPTION * devices.usable_cores() + 1
@@ -343,6 +347,8 @@ def test_far_more_devices_than_cores_warn_once():
     assert stderr.count("more than") == 1
 
 
+# Full tier: a warning in a fresh process; the gate runs the pools' own test.
+@pytest.mark.full
 def test_a_repeated_call_with_other_threads_warns_that_it_is_ignored():
     stderr = _virtual_devices_in_a_fresh_process(
         "multigpu.virtual_devices(2, threads=1)\n"

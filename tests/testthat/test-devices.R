@@ -25,6 +25,8 @@ test_that("virtual_devices() while a model exists says what exists and how to fi
 })
 
 test_that("virtual_devices() restarts a TensorFlow whose tensors are gone", {
+  # The restart is the core's: test_devices.py runs it in the gate.
+  skip_unless_full_tier("a child R process for a restart the Python suite checks")
   skip_if_no_multigpu()
   output <- run_r(c(
     "library(multigpu)",

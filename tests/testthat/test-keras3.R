@@ -186,6 +186,9 @@ guide_code <- function() {
 }
 
 test_that("the seed guide runs with multigpu attached before keras3", {
+  # The docs step knits the guide itself (vignettes/multi-device-guide.Rmd,
+  # keras3 attached first) in both tiers.
+  skip_unless_full_tier("the seed guide again, in a child R process, multigpu attached first")
   skip_if_no_keras3()
   skip_if_no_multigpu()
   code <- guide_code()

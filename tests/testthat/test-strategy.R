@@ -137,6 +137,9 @@ test_that("srun -n2 Rscript: multi_worker_strategy() joins the Slurm step and fi
 })
 
 test_that("srun -n2 Rscript, written with keras3 attached first, trains like one process", {
+  # The gate runs srun -n2 Rscript above, and keras3 attached first in
+  # test-keras3.R.
+  skip_unless_full_tier("a second Slurm step of R workers, keras3 attached first")
   skip_if_not_installed_unloaded("keras3")
   skip_if_no_multigpu()
   skip_if_no_slurm()
@@ -148,6 +151,9 @@ test_that("srun -n2 Rscript, written with keras3 attached first, trains like one
 })
 
 test_that("python -m multigpu.launch --workers 2 -- Rscript train.R trains like one process", {
+  # The gate starts R workers with the launcher on JAX (test-jax.R) and
+  # with srun on TensorFlow (above).
+  skip_unless_full_tier("the launcher's R workers on TensorFlow too")
   skip_if_no_multigpu()
   python <- multigpu_config()$python
   expect_two_workers_train_like_one_process(function(rscript) {

@@ -95,6 +95,8 @@ def test_checkpoint_callbacks_announce_each_epoch_to_their_data(rng, tmp_path):
     assert announced == [0, 1, 2]
 
 
+# Full tier: the epoch callbacks run under fit in the gate's other tests here.
+@pytest.mark.full
 def test_fit_distributed_gives_its_dataset_to_the_checkpoint_callbacks(
         rng, tmp_path):
     strategy = multigpu.mirrored_strategy(2)

@@ -107,6 +107,8 @@ def test_a_batch_that_does_not_split_evenly_gets_an_actionable_error(rng):
     _assert_fit_under_trains_as_one_device(strategy, rng, rows=36)
 
 
+# Full tier: two device sets in one process train in the gate's test of them.
+@pytest.mark.full
 def test_coexists_with_a_strategy_made_directly_with_tf_distribute():
     # In a subprocess: a plain MirroredStrategy owns group key 1, and a
     # collision would abort every collective of the process.

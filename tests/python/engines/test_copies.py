@@ -71,6 +71,8 @@ def test_mirrored_engine_takes_a_causal_lm(rng):
                                task.predict(x, verbose=0), atol=TOL)
 
 
+# Full tier: copies of Lambda layers are checked on replicate in the gate.
+@pytest.mark.full
 def test_session_lambda_trains_on_the_mirrored_engine(rng):
     template = _with_session_lambda()
     reference = _with_session_lambda()
@@ -107,6 +109,8 @@ def test_cpu_relocation_keeps_lambdas_and_task_classes(rng):
     assert max_weight_difference(relocated.template, task) == 0
 
 
+# Full tier: the gate's published-model zoo copies KerasHub backbones.
+@pytest.mark.full
 def test_a_keras_hub_backbone_inside_a_functional_model(rng):
     backbone = bert_text_classifier().backbone
     inputs = {name: keras.Input((8,), dtype="int32", name=name)
@@ -212,6 +216,8 @@ def test_adapted_preprocessing_reaches_the_copy(factory, rng):
                                atol=TOL)
 
 
+# Full tier: adapted preprocessing reaches the copy in the gate's tests above.
+@pytest.mark.full
 def test_normalization_trains_like_the_template_on_the_mirrored_engine(rng):
     template = _normalized(rng)
     reference = _normalized(rng)

@@ -48,8 +48,10 @@ def test_mirrored_engine_mirrors_variables_over_the_resolved_devices():
                    for v in template.weights)
 
 
-@pytest.mark.parametrize("rows, batch_size", [(10, 10), (64, 16), (70, 16),
-                                              (3, 3)])
+# The gate: a short final batch (70 rows) and replicas with no rows (3).
+@pytest.mark.parametrize("rows, batch_size", [
+    pytest.param(10, 10, marks=pytest.mark.full),
+    pytest.param(64, 16, marks=pytest.mark.full), (70, 16), (3, 3)])
 def test_training_equals_the_template_on_one_device(rng, rows, batch_size):
     # 10 rows split 3/3/2/2 over 4 replicas, 70 rows end with a batch of 6,
     # 3 rows leave one replica empty: still the single-device mathematics.
@@ -66,6 +68,8 @@ def test_training_equals_the_template_on_one_device(rng, rows, batch_size):
                                rtol=1e-5)
 
 
+# Full tier: the module zoos predict and evaluate on this engine in the gate.
+@pytest.mark.full
 def test_predictions_and_evaluation_match_the_template(rng):
     template, parallel, reference = _pair()
     x, y = data(rng, 45)
@@ -78,6 +82,8 @@ def test_predictions_and_evaluation_match_the_template(rng):
         template.evaluate(x, y, batch_size=10, verbose=0), rtol=1e-5)
 
 
+# Full tier: the zoos check the template's weights after fit in the gate.
+@pytest.mark.full
 def test_the_template_holds_the_weights_of_every_epoch(rng):
     template, parallel, reference = _pair()
     at_epoch_start = []
@@ -108,6 +114,8 @@ def test_changes_to_the_template_reach_the_replicas(rng):
                                template.predict(x, verbose=0), rtol=1e-5)
 
 
+# Full tier: test_saving.py saves every engine's template in the gate.
+@pytest.mark.full
 def test_saving_writes_the_trained_template(rng, tmp_path):
     template, parallel, _ = _pair()
     x, y = data(rng, 32)
@@ -125,6 +133,8 @@ def test_saving_writes_the_trained_template(rng, tmp_path):
                                loaded.predict(x, verbose=0), atol=1e-6)
 
 
+# Full tier: checkpoint_callbacks on the mirrored engine run in the gate's Slurm and resume tests.
+@pytest.mark.full
 def test_checkpoint_callbacks_work_with_the_mirrored_engine(rng, tmp_path):
     template, parallel, _ = _pair()
     x, y = data(rng, 32)
@@ -144,6 +154,8 @@ def test_a_sequential_template_and_cpu_relocation(rng):
                                template.predict(x, verbose=0), atol=1e-6)
 
 
+# Full tier: the gate's replicas with zero rows are the 3-row case below and the shape zoo's.
+@pytest.mark.full
 def test_replicas_left_with_zero_rows_of_a_pooled_cnn(rng):
     # A last batch of 1 row on 4 replicas: three get zero rows, on which
     # oneDNN's convolution after MaxPooling fails ("input depth must be
@@ -179,6 +191,8 @@ def test_predict_on_batch_splits_the_batch_once(rng, rows):
                                    atol=1e-6)
 
 
+# Full tier: train_on_batch and Adam run on this engine in test_front.py's gate sample.
+@pytest.mark.full
 def test_train_on_batch_with_adam_and_an_embedding_equals_the_template(rng):
     # Keras's train_on_batch gave every replica the whole batch; Adam then
     # saw the Embedding's sparse gradient several times (1.3e-2 off).

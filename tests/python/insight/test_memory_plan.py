@@ -204,6 +204,8 @@ PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
+# Full tier: a measured peak; the plan's arithmetic is checked exactly in the gate.
+@pytest.mark.full
 def test_the_plan_is_within_a_factor_of_two_of_the_measured_peak_on_cpu():
     # docs/training.md states this tolerance: the plan's total for one
     # replica's rows is within 0.5x-2x of the peak TensorFlow's CPU

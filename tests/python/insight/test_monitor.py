@@ -91,6 +91,8 @@ def test_a_model_under_mirrored_strategy(rng):
     assert int(model.optimizer.iterations.numpy()) == EPOCHS * ROWS // BATCH
 
 
+# Full tier: the monitor's own numbers are the engine's; the other tests here run it in the gate.
+@pytest.mark.full
 def test_a_model_on_the_mirrored_engine(rng):
     template = mlp()
     twin = copy_of(template)

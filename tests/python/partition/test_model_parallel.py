@@ -164,7 +164,8 @@ def test_branches_on_different_devices(rng):
     assert left == {DEVICES[0]} and right == {DEVICES[1]}
 
 
-@pytest.mark.parametrize("rows", [10, 2])
+# 2 rows (fewer than the micro-batches) in the gate; 10 in the full tier.
+@pytest.mark.parametrize("rows", [pytest.param(10, marks=pytest.mark.full), 2])
 def test_microbatches_equal_the_unpipelined_step(rng, rows):
     # rows=2 with 3 micro-batches leaves one micro-batch empty.
     model = deep_mlp()
@@ -238,6 +239,8 @@ def test_a_batch_of_0_rows_predicts_0_rows(rng, microbatches, name):
     assert partitioned.predict_on_batch(empty).shape == (0, 3)
 
 
+# Full tier: the gate fits and evaluates model_parallel in the shape zoo and the tests above.
+@pytest.mark.full
 def test_fit_evaluate_and_template_hold_the_trained_weights(rng):
     model = deep_mlp()
     reference = copy_of(model)

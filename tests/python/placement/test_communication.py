@@ -126,6 +126,8 @@ def test_micro_batches_move_each_micro_batch_across():
     assert backward["activation gradients"] >= ROWS * HIDDEN_ROW
 
 
+# Full tier: the gate's all-reduce ring test measures the same counters.
+@pytest.mark.full
 def test_strategy_built_model_all_reduces_and_plain_model_moves_nothing():
     strategy = multigpu.mirrored_strategy(DEVICES[:2])
     with strategy.scope():

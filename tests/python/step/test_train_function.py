@@ -68,8 +68,10 @@ def _fit(model, x, y, callbacks=None, epochs=EPOCHS):
                      verbose=0, callbacks=callbacks)
 
 
-@pytest.mark.parametrize("monitor_first", [True, False],
-                         ids=["monitor-first", "checkpoints-first"])
+# The other callback order, the same links, in the full tier.
+@pytest.mark.parametrize("monitor_first", [
+    True, pytest.param(False, marks=pytest.mark.full)],
+    ids=["monitor-first", "checkpoints-first"])
 def test_the_links_nest_in_one_order_whatever_the_callback_order(
         rng, tmp_path, monitor_first):
     """A guarded multi_gpu_model stopped by a NaN batch, then resumed.
@@ -127,8 +129,10 @@ def _checked(x, y):
     ).with_options(options)
 
 
-@pytest.mark.parametrize("monitor_first", [True, False],
-                         ids=["monitor-first", "checkpoints-first"])
+# The other callback order, the same links, in the full tier.
+@pytest.mark.parametrize("monitor_first", [
+    True, pytest.param(False, marks=pytest.mark.full)],
+    ids=["monitor-first", "checkpoints-first"])
 def test_a_plain_model_under_a_strategy_gets_its_keras_function_back(
         rng, tmp_path, monitor_first):
     x, y, bad = _clean_and_bad(rng)
@@ -240,6 +244,8 @@ def test_a_plain_model_remade_by_keras_gets_the_new_function_back(rng):
         assert not isinstance(model.train_function, chain.Chain)
 
 
+# Full tier: fit_distributed's own function runs in test_fit_distributed.py's gate tests.
+@pytest.mark.full
 def test_fit_distributed_trains_through_its_own_function_and_restores(rng):
     x, y = data(rng, ROWS)
     model = mlp()

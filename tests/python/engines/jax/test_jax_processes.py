@@ -85,6 +85,8 @@ def test_workers_whose_batches_differ_stop_with_the_fix(tmp_path, capfd):
     assert not any(os.path.exists(tmp_path / f"run-{i}.npz") for i in (0, 1))
 
 
+# Full tier: the launcher's handling of a dead worker runs in test_launch.py's gate tests.
+@pytest.mark.full
 def test_a_worker_that_dies_takes_the_other_down_with_its_name(tmp_path, capfd):
     with pytest.raises(launch.LaunchError) as raised:
         launch.launch(script("jax_processes.py"), [str(tmp_path / "run"), "dies"],
