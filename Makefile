@@ -213,7 +213,7 @@ coverage: setup-python setup-python-jax slurm-up
 # discovery, the engine's step beside Keras's fit, memory_plan and
 # find_batch_size against the device's memory, mixed precision and XLA
 # against float32, scaling; one table and out/gpu-check.json
-# (docs/benchmarks.md). Its small case runs in the gate
+# (docs/benchmarks.md). Its small case runs in the full tier
 # (tests/python/test_gpu_check.py).
 gpu-check:
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m bench.gpu_check --out out/gpu-check.json

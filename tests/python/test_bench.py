@@ -399,6 +399,8 @@ def test_the_monitor_cost_benchmark_pairs_monitored_and_bare_steps():
     assert line.startswith("| demo | replicate | 2 |")
 
 
+# Full tier: a study's plumbing; the gate's model_parallel and replicate tests run the zero-row padding it times.
+@pytest.mark.full
 def test_the_zero_row_padding_benchmark_steps_its_three_variants():
     # The old cond, the padded default and the pooled path each step, and
     # the row reports both ratios; never how fast.

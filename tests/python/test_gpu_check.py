@@ -35,11 +35,11 @@ def _small_run(backend, out):
     return json.loads(out.read_text())
 
 
-# The gate runs the check on TensorFlow; its run on JAX, about a minute
-# more, is the full tier's (the JAX step tests the JAX engine in the gate).
-@pytest.mark.parametrize("backend", [
-    pytest.param(backend, marks=pytest.mark.full if backend == "jax" else ())
-    for backend in BACKENDS])
+# The full tier runs the check on both backends (30 s to a minute each):
+# what it calls (memory_plan, find_batch_size, the engines) the gate tests
+# directly, and bench-quick runs a benchmark harness.
+@pytest.mark.full
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_every_row_passes_or_names_the_missing_gpu(backend, tmp_path):
     if backend == "jax" and importlib.util.find_spec("jax") is None:
         pytest.skip("JAX is not installed in this Python")

@@ -163,6 +163,8 @@ test_that("python -m multigpu.launch --workers 2 -- Rscript train.R trains like 
 })
 
 test_that("the launcher stops R workers at once when one fails", {
+  # The launcher's stop is the core's: test_launch.py runs it in the gate.
+  skip_unless_full_tier("the launcher's stop, with R workers")
   skip_if_no_multigpu()
   script <- withr::local_tempfile(fileext = ".R")
   writeLines(c(

@@ -260,6 +260,8 @@ def _wait_for(process, marker):
     raise AssertionError(f"{marker!r} never printed; output: {lines}")
 
 
+# Full tier: a SIGKILL point; the gate kills and resumes in test_resume.py's sample.
+@pytest.mark.full
 def test_sigkill_mid_epoch_then_restart_finishes_like_an_unbroken_run(
         tmp_path):
     unbroken = _run(tmp_path / "unbroken", tmp_path / "unbroken.npz")
@@ -388,6 +390,8 @@ def test_numpy_scalars_are_accepted(tmp_path):
 DISK_FULL = os.path.join(WORKERS, "disk_full.py")
 
 
+# Full tier: a process fault in depth (a real full disk in a child process).
+@pytest.mark.full
 def test_a_really_full_disk_raises_oserror_not_a_segfault(tmp_path):
     """A 300 KiB tmpfs fills up during training (needs root to mount)."""
     mount = tmp_path / "small"

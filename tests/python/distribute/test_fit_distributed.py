@@ -97,6 +97,8 @@ def test_fit_distributed_refuses_data_without_batches():
                                  verbose=0)
 
 
+# Full tier: the gate trains two workers with fit_distributed under srun (cluster/test_slurm.py).
+@pytest.mark.full
 def test_two_workers_train_like_one_process_on_the_same_global_batches(
         tmp_path, capfd):
     assert launch.launch(script("mw_fit.py"), [str(tmp_path)], workers=2,
