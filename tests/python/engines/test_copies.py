@@ -71,7 +71,7 @@ def test_mirrored_engine_takes_a_causal_lm(rng):
                                task.predict(x, verbose=0), atol=TOL)
 
 
-# Full tier: copies of Lambda layers are checked on replicate in the gate.
+# Full tier: the gate copies session Lambdas in the CPU relocation test below.
 @pytest.mark.full
 def test_session_lambda_trains_on_the_mirrored_engine(rng):
     template = _with_session_lambda()

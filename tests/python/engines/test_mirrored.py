@@ -191,7 +191,8 @@ def test_predict_on_batch_splits_the_batch_once(rng, rows):
                                    atol=1e-6)
 
 
-# Full tier: train_on_batch and Adam run on this engine in test_front.py's gate sample.
+# Full tier: train_on_batch runs in the gate's module zoos (test_replicate.py,
+# test_template.py, the step's), each engine in turn.
 @pytest.mark.full
 def test_train_on_batch_with_adam_and_an_embedding_equals_the_template(rng):
     # Keras's train_on_batch gave every replica the whole batch; Adam then
