@@ -300,8 +300,8 @@ bench: setup-python
 # configuration per kind of worker (plain Keras, multi_gpu_model with its
 # twin, MirroredStrategy by hand, R): the other engines run the same worker
 # code; the gate runs the first two, which every comparison needs.
-BENCH_QUICK_CONFIGS = $(if $(filter full,$(TIER)),plain$(comma)default$(comma)mirrored_by_hand$(comma)r,plain$(comma)default)
 comma := ,
+BENCH_QUICK_CONFIGS = plain,default$(if $(filter full,$(TIER)),$(comma)mirrored_by_hand$(comma)r)
 bench-quick: setup-python
 	$(START)
 	$(PY) -m bench.lockstep --quick --rounds 1 \
