@@ -98,8 +98,6 @@ def test_steps_get_ports_of_their_own():
     assert all(10000 <= b and b + 16 <= 32768 for b in bases)
 
 
-# Full tier: the task's share is the same arithmetic as the CPU nodes' gate test.
-@pytest.mark.full
 def test_on_gpu_nodes_each_task_gets_its_share_of_the_gpus(environment):
     bin_dir = environment(SLURM_STEP, gpus=4)
     # TensorFlow reads CUDA_VISIBLE_DEVICES once, so resolve in a process

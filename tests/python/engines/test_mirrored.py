@@ -114,7 +114,7 @@ def test_changes_to_the_template_reach_the_replicas(rng):
                                template.predict(x, verbose=0), rtol=1e-5)
 
 
-# Full tier: test_saving.py saves every engine's template in the gate.
+# Full tier: test_saving.py's module zoo saves on each engine in turn in the gate.
 @pytest.mark.full
 def test_saving_writes_the_trained_template(rng, tmp_path):
     template, parallel, _ = _pair()
@@ -133,8 +133,6 @@ def test_saving_writes_the_trained_template(rng, tmp_path):
                                loaded.predict(x, verbose=0), atol=1e-6)
 
 
-# Full tier: checkpoint_callbacks on the mirrored engine run in the gate's Slurm and resume tests.
-@pytest.mark.full
 def test_checkpoint_callbacks_work_with_the_mirrored_engine(rng, tmp_path):
     template, parallel, _ = _pair()
     x, y = data(rng, 32)
